@@ -1,0 +1,47 @@
+# pdbridge: every target creates .venv when missing and installs what it needs.
+SHELL := /bin/bash
+PYTHON_BOOT ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.pdbridge-installed
+PYTEST_ARGS ?=
+
+.PHONY: run test lint format bench bench-planner protos clean-venv
+
+$(PY):
+	$(PYTHON_BOOT) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+
+# Re-install when the dependency list changes.
+$(STAMP): pyproject.toml scripts/install-torch.sh | $(PY)
+	scripts/install-torch.sh $(PY)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## The README's run command: the embedded testbed (SQLite, no Redis needed).
+run: $(STAMP)
+	$(VENV)/bin/pdbridge run
+
+## The README's test command (.ci/run calls it with CI=true).
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+## Benchmarks: side-by-side ratios, JSON results under var/bench/.
+bench: bench-planner
+
+bench-planner: $(STAMP)
+	$(PY) -m bench.planner
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,7 @@
+"""Every app's API routes under /api/. Each app owns its own ``api/urls.py``."""
+
+from django.urls import include, path
+
+urlpatterns = [
+    path("", include("console.core.api.urls")),
+]

@@ -1,0 +1,16 @@
+from typing import Any
+
+from django.http import HttpRequest
+
+from console.core.choices import Role
+from console.core.roles import user_has_role, user_role
+
+
+def roles(request: HttpRequest) -> dict[str, Any]:
+    """Template flags so pages show only the buttons a user's role allows."""
+    user = getattr(request, "user", None)
+    return {
+        "user_role": user_role(user),
+        "can_operate": user_has_role(user, Role.OPERATOR),
+        "can_admin": user_has_role(user, Role.ADMIN),
+    }

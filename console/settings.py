@@ -1,0 +1,251 @@
+"""Django settings for the pdbridge console, driven by environment variables (12-factor).
+
+Every variable is read once here, validated, and documented in docs/configuration.md. A bad
+value stops start-up with ``ImproperlyConfigured`` naming the variable.
+
+``PDBRIDGE_ENV`` selects defaults:
+
+* ``embedded`` (default): SQLite under ``var/``, a broker that needs no server, a secret key
+  generated once into ``var/secret-key``; meant for one machine.
+* ``production``: ``SECRET_KEY``, ``DATABASE_URL`` and ``ALLOWED_HOSTS`` are required.
+* ``test``: like embedded, but never writes a key file.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("PDBRIDGE_VAR_DIR", BASE_DIR / "var"))
+
+PDBRIDGE_ENV = os.environ.get("PDBRIDGE_ENV", "embedded")
+if PDBRIDGE_ENV not in {"embedded", "production", "test"}:
+    raise ImproperlyConfigured(
+        f"PDBRIDGE_ENV: must be one of embedded, production, test (got {PDBRIDGE_ENV!r})"
+    )
+PRODUCTION = PDBRIDGE_ENV == "production"
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name}: expected a boolean (true/false), got {raw!r}")
+
+
+def _env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}: expected an integer, got {raw!r}") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def _required(name: str) -> str:
+    value = os.environ.get(name, "")
+    if not value:
+        raise ImproperlyConfigured(f"{name}: required when PDBRIDGE_ENV=production")
+    return value
+
+
+def _secret_key() -> str:
+    if PRODUCTION:
+        return _required("SECRET_KEY")
+    if os.environ.get("SECRET_KEY"):
+        return os.environ["SECRET_KEY"]
+    if PDBRIDGE_ENV == "test":
+        return "test-only-" + "x" * 40
+    key_file = VAR_DIR / "secret-key"
+    if not key_file.exists():
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        key_file.write_text(secrets.token_urlsafe(50))
+        key_file.chmod(0o600)
+    return key_file.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = _env_bool("DEBUG", False)
+ALLOWED_HOSTS = (
+    _env_list("ALLOWED_HOSTS", [])
+    if PRODUCTION
+    else _env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+)
+if PRODUCTION and not ALLOWED_HOSTS:
+    raise ImproperlyConfigured("ALLOWED_HOSTS: required when PDBRIDGE_ENV=production")
+CSRF_TRUSTED_ORIGINS = _env_list("CSRF_TRUSTED_ORIGINS", [])
+
+_database_url = (
+    _required("DATABASE_URL")
+    if PRODUCTION
+    else os.environ.get("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'pdbridge.sqlite3'}"
+)
+try:
+    DATABASES = {"default": dj_database_url.parse(_database_url, conn_max_age=60)}
+except (ValueError, KeyError) as exc:
+    raise ImproperlyConfigured(f"DATABASE_URL: cannot parse ({exc})") from None
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    # Several processes (console, worker, beat) share the embedded database.
+    DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+
+REDIS_URL = os.environ.get("REDIS_URL", "")
+if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+    raise ImproperlyConfigured(
+        f"REDIS_URL: expected redis://, rediss:// or unix://, got {REDIS_URL!r}"
+    )
+
+# Celery: Redis in production; the embedded default uses kombu's filesystem transport, which
+# needs no server (see docs/configuration.md).
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or (REDIS_URL or "filesystem://")
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+if CELERY_BROKER_URL == "filesystem://":
+    _broker_dir = VAR_DIR / "celery" / "broker"
+    _broker_dir.mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir),
+        "data_folder_out": str(_broker_dir),
+        "processed_folder": str(_broker_dir),
+        "store_processed": False,
+    }
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or (REDIS_URL or None)
+CELERY_TASK_ALWAYS_EAGER = False
+
+# Heartbeats: agents beat every HEARTBEAT_INTERVAL_S; a node that misses
+# HEARTBEAT_MISSED_LIMIT beats in a row becomes "lost" (degraded after one missed beat).
+HEARTBEAT_INTERVAL_S = _env_int("PDBRIDGE_HEARTBEAT_INTERVAL_S", 10, minimum=1)
+HEARTBEAT_MISSED_LIMIT = _env_int("PDBRIDGE_HEARTBEAT_MISSED_LIMIT", 3, minimum=1)
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_celery_beat",
+    "console.core",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "console.core.middleware.RequestIdMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+WSGI_APPLICATION = "console.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "console" / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+                "console.core.context_processors.roles",
+            ],
+        },
+    },
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "login"
+
+SESSION_COOKIE_SECURE = _env_bool("SESSION_COOKIE_SECURE", PRODUCTION)
+CSRF_COOKIE_SECURE = _env_bool("CSRF_COOKIE_SECURE", PRODUCTION)
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if PRODUCTION else None
+
+REST_FRAMEWORK = {
+    # Token first, so that an anonymous API call gets 401 with WWW-Authenticate.
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["console.core.permissions.RolePermission"],
+    "DEFAULT_PAGINATION_CLASS": "console.core.api.pagination.StandardPagination",
+    "DEFAULT_FILTER_BACKENDS": [
+        "django_filters.rest_framework.DjangoFilterBackend",
+        "rest_framework.filters.OrderingFilter",
+        "rest_framework.filters.SearchFilter",
+    ],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "console.core.api.exceptions.exception_handler",
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "pdbridge API",
+    "DESCRIPTION": "Cross-datacenter prefill/decode operations: inventory, models, deployments, "
+    "rollout plans, runs, drills, schedules and the capacity planner.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "INFO"}},
+}

@@ -1,0 +1,62 @@
+"""Start-up validation: a bad variable stops the console with its name in the error."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _import_settings(**env):
+    full = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DATABASE_URL", "SECRET_KEY", "ALLOWED_HOSTS"}
+    }
+    full.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", "import console.settings"],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        ({"PDBRIDGE_ENV": "production"}, "SECRET_KEY"),
+        ({"PDBRIDGE_ENV": "production", "SECRET_KEY": "k" * 50}, "ALLOWED_HOSTS"),
+        (
+            {"PDBRIDGE_ENV": "production", "SECRET_KEY": "k" * 50, "ALLOWED_HOSTS": "c.example"},
+            "DATABASE_URL",
+        ),
+        ({"PDBRIDGE_ENV": "staging"}, "PDBRIDGE_ENV"),
+        ({"PDBRIDGE_ENV": "test", "DEBUG": "maybe"}, "DEBUG"),
+        ({"PDBRIDGE_ENV": "test", "DATABASE_URL": "nosuchdb://x"}, "DATABASE_URL"),
+        ({"PDBRIDGE_ENV": "test", "REDIS_URL": "http://x"}, "REDIS_URL"),
+        (
+            {"PDBRIDGE_ENV": "test", "PDBRIDGE_HEARTBEAT_MISSED_LIMIT": "0"},
+            "PDBRIDGE_HEARTBEAT_MISSED_LIMIT",
+        ),
+    ],
+)
+def test_bad_environment_names_the_variable(env, variable):
+    result = _import_settings(**env)
+
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert f"{variable}:" in result.stderr
+
+
+def test_production_settings_accept_a_complete_environment():
+    result = _import_settings(
+        PDBRIDGE_ENV="production",
+        SECRET_KEY="k" * 50,
+        DATABASE_URL="postgres://u@h/db",
+        ALLOWED_HOSTS="console.example",
+    )
+
+    assert result.returncode == 0, result.stderr
