@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -14,3 +16,16 @@ def unavailable(reason: str) -> NoReturn:
     if IN_CI:
         pytest.fail(f"{reason} (CI=true: this would be a skip, which CI does not allow)")
     pytest.skip(reason)
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for a child Python process of the code under test: imports come from this
+    checkout (not from wherever the package happens to be installed)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo_root()), env.get("PYTHONPATH", "")]))
+    env.update(extra)
+    return env
