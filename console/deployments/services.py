@@ -38,12 +38,12 @@ class StaleVersionError(Conflict):
 
     def __init__(self, current_version: int, given: int) -> None:
         super().__init__(
-            detail={
-                "detail": f"Stale version {given}: the deployment is at version "
-                f"{current_version}. Re-read it and apply your change again.",
-                "current_version": current_version,
-            }
+            f"Stale version {given}: the deployment is at version {current_version}. "
+            "Re-read it and apply your change again."
         )
+        self.current_version = current_version
+        # Keep the version an integer in the body (APIException would make it a string).
+        self.detail = {"detail": self.detail, "current_version": current_version}  # type: ignore[assignment]
 
 
 def _actor_user(actor: Actor) -> Any:
