@@ -109,7 +109,10 @@ class AwareDateTimeField(serializers.DateTimeField):
 
     def to_internal_value(self, value: Any) -> Any:
         if isinstance(value, str):
-            parsed = parse_datetime(value.strip())
+            try:
+                parsed = parse_datetime(value.strip())
+            except ValueError:  # well-formed but impossible (offset +25:00, month 13)
+                raise serializers.ValidationError("Not a valid date and time.") from None
             if parsed is not None and parsed.tzinfo is None:
                 raise serializers.ValidationError(
                     "Must carry a timezone offset (for example ...Z)."
