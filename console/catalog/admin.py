@@ -14,7 +14,16 @@ class ModelSpecForm(forms.ModelForm):
 
     class Meta:
         model = ModelSpec
-        fields = "__all__"
+        fields = [
+            "name",
+            "family",
+            "architecture",
+            "parameter_count",
+            "weights_uri",
+            "weights_sha256",
+            "engine_settings",
+            "notes",
+        ]
 
     def clean_architecture(self) -> Any:
         value = self.cleaned_data["architecture"]

@@ -14,7 +14,15 @@ class RolloutPlanForm(forms.ModelForm):
 
     class Meta:
         model = RolloutPlan
-        fields = "__all__"
+        fields = [
+            "name",
+            "deployment",
+            "steps",
+            "gate_ttft_p50_ratio",
+            "gate_ttft_p99_ratio",
+            "gate_success_rate_min",
+            "gate_link_utilization_max",
+        ]
 
     def clean_steps(self) -> Any:
         try:
