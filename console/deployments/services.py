@@ -10,6 +10,7 @@ names changes (``deployments_refresh``) and later by the orchestrator
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,6 +28,8 @@ from console.deployments.config import build_config, config_diff
 from console.deployments.models import ConfigSnapshot, Deployment, Pool
 from console.inventory.choices import SiteRole
 from console.inventory.models import Node, Site
+
+logger = logging.getLogger(__name__)
 
 # Config sections whose keys are Deployment fields of the same name (restore copies them back).
 SETTING_SECTIONS = ("routing", "circuit_breaker", "kv_transfer", "prefill")
@@ -68,6 +71,10 @@ def snapshot_write(*, actor: Actor, deployment: Deployment, reason: str) -> Conf
     deployment.version = version
     deployment.save(update_fields=["version", "updated_at"])
     user = _actor_user(actor)
+    logger.info(
+        "deployment_config_version",
+        extra={"deployment": deployment.pk, "version": version, "reason": reason},
+    )
     return ConfigSnapshot.objects.create(
         deployment=deployment,
         version=version,

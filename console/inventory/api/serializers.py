@@ -170,3 +170,4 @@ class HeartbeatResponseSerializer(serializers.Serializer):
     status = serializers.CharField()
     clock_skew_ms = serializers.FloatField()
     interval_s = serializers.IntegerField()
+    deployments = serializers.DictField(child=serializers.IntegerField())

@@ -338,3 +338,12 @@ def test_deployment_list_filters(api_as, world):
         api.get(f"/api/pools/?deployment={world.deployment.pk}&role=prefill").json()["count"] == 1
     )
     assert api.get(f"/api/pools/?node={world.decode_node.pk}").json()["count"] == 1
+
+
+def test_restore_with_stale_if_match_is_409(api_as, world):
+    response = api_as("operator").post(
+        url(world, "restore/"), {"version": 1}, format="json", HTTP_IF_MATCH='"1"'
+    )
+
+    assert response.status_code == 409
+    assert response.json()["current_version"] == world.deployment.version
