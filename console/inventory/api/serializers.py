@@ -138,7 +138,9 @@ class FaultReportSerializer(serializers.Serializer):
 
     id = serializers.CharField(max_length=100)
     kind = serializers.CharField(max_length=64)
-    target = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    target = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, allow_null=True
+    )
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
 
 

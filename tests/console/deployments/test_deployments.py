@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 from console.core.models import AuditLog
 from console.deployments.models import ConfigSnapshot, Deployment
 from tests.console.factories import NodeFactory, SiteFactory
+from tests.support import unavailable
 
 pytestmark = pytest.mark.django_db
 
@@ -152,7 +153,7 @@ def test_two_operators_editing_one_deployment_never_lose_an_update(api_as, world
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_writes_with_the_same_version_exactly_one_wins(make_user, world):
     if connection.vendor != "postgresql":
-        pytest.skip("row locks need Postgres; SQLite serialises writers anyway")
+        unavailable("row-lock concurrency test needs PostgreSQL")
     from rest_framework.authtoken.models import Token
 
     version = world.deployment.version
