@@ -159,6 +159,10 @@ INSTALLED_APPS = [
     "django_celery_beat",
     "console.core",
     "console.runs",
+    "console.inventory",
+    "console.catalog",
+    "console.deployments",
+    "console.rollouts",
 ]
 
 MIDDLEWARE = [
@@ -246,6 +250,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "SiteRoleEnum": "console.inventory.choices.SiteRole",
+        "PoolRoleEnum": "console.deployments.choices.PoolRole",
+        "UserRoleEnum": "console.core.choices.Role",
+    },
 }
 
 LOGGING = {
