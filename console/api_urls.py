@@ -4,4 +4,5 @@ from django.urls import include, path
 
 urlpatterns = [
     path("", include("console.core.api.urls")),
+    path("", include("console.planner.api.urls")),
 ]

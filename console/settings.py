@@ -152,6 +152,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_celery_beat",
     "console.core",
+    "console.planner",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,85 @@
+"""Planner API: evaluate a scenario, size a model's KV against a link, list the presets.
+
+Any role may use them (viewer and up): they compute, they change nothing. Each call is
+synchronous and CPU-bound (milliseconds; a 1,000-threshold grid stays well under a second).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from console.core.choices import Role
+from console.planner.api.serializers import KvSizeSerializer, ScenarioSerializer, field_error
+from console.planner.demand import transfer_demand
+from console.planner.errors import PlannerInputError
+from console.planner.model import evaluate
+from console.planner.presets import preset_list
+
+logger = logging.getLogger(__name__)
+
+
+class PlannerView(APIView):
+    """Base: reads and computing POSTs both need only the viewer role."""
+
+    read_role = Role.VIEWER
+    write_role = Role.VIEWER
+
+
+class EvaluateView(PlannerView):
+    """``POST /api/planner/evaluate/``: optimum, baselines, gains, verdict and (unless
+    ``?sweeps=false``) the sweeps over the threshold and the split."""
+
+    @extend_schema(
+        request=OpenApiTypes.OBJECT,
+        responses=OpenApiTypes.OBJECT,
+        parameters=[OpenApiParameter("sweeps", bool, description="Include chart sweeps.")],
+    )
+    def post(self, request: Request) -> Response:
+        serializer = ScenarioSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        scenario = serializer.validated_data["scenario"]
+        with_sweeps = request.query_params.get("sweeps", "true").lower() not in {"0", "false"}
+        try:
+            result = evaluate(scenario, with_sweeps=with_sweeps)
+        except PlannerInputError as exc:
+            raise field_error(exc) from None
+        logger.info(
+            "planner.evaluated",
+            extra={
+                "thresholds": result["grid"]["thresholds"],
+                "lambda_max_rps": result["optimum"]["lambda_max_rps"],
+                "decision": result["verdict"]["decision"],
+            },
+        )
+        return Response(result)
+
+
+class KvSizeView(PlannerView):
+    """``POST /api/planner/kv-size/``: KV bytes per length, Gbit/s needed, share of the link."""
+
+    @extend_schema(request=KvSizeSerializer, responses=OpenApiTypes.OBJECT)
+    def post(self, request: Request) -> Response:
+        serializer = KvSizeSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data: dict[str, Any] = serializer.validated_data
+        try:
+            result = transfer_demand(**data)
+        except PlannerInputError as exc:
+            raise field_error(exc) from None
+        return Response(result)
+
+
+class PresetsView(PlannerView):
+    """``GET /api/planner/presets/``: shipped scenarios (the paper's case study) with the
+    figures the paper reports, ready to POST to ``evaluate``."""
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request: Request) -> Response:
+        return Response({"results": preset_list()})
