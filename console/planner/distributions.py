@@ -37,6 +37,8 @@ FloatArray = NDArray[np.float64]
 
 _erf = np.vectorize(math.erf, otypes=[np.float64])
 
+# No prompt is longer than this; a larger bound is a unit mistake (bytes for tokens).
+MAX_TOKENS = 1e9
 # A CSV histogram larger than this is almost certainly a raw log, not a histogram.
 MAX_HISTOGRAM_ROWS = 100_000
 
@@ -90,6 +92,8 @@ class TruncatedLogNormal:
             raise PlannerInputError("lower", "must be > 0 (a log-normal has no mass at 0)")
         if self.upper <= self.lower:
             raise PlannerInputError("upper", "must be greater than lower")
+        if self.upper > MAX_TOKENS:
+            raise PlannerInputError("upper", f"must be at most {MAX_TOKENS:g} tokens")
         mass = float(self._phi_at(self.upper) - self._phi_at(self.lower))
         if not mass > 1e-12:
             raise PlannerInputError(
@@ -156,6 +160,8 @@ class Histogram:
                 raise PlannerInputError(row, "must hold finite numbers")
             if lo < 0:
                 raise PlannerInputError(row, "lengths must be >= 0")
+            if hi > MAX_TOKENS:
+                raise PlannerInputError(row, f"lengths must be at most {MAX_TOKENS:g} tokens")
             if hi < lo:
                 raise PlannerInputError(row, "upper edge must be >= lower edge")
             if count < 0:

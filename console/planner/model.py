@@ -238,15 +238,10 @@ class Plan:
             "l_long_tokens": self.l_long,
             "l_short_tokens": self.l_short,
             "egress_gbps": self.egress_gbps,
-            "stage_capacity_rps": {k: _json_float(v) for k, v in self.capacities.items()},
+            "stage_capacity_rps": dict(self.capacities),  # inf (stage unused) -> null in JSON
             "binding_stage": self.binding[0] if self.binding else None,
             "binding_stages": self.binding,
         }
-
-
-def _json_float(value: float) -> float | None:
-    """JSON has no infinity: an unused stage's capacity is reported as null."""
-    return value if math.isfinite(value) else None
 
 
 def plan_at(s: Scenario, threshold: float, n_prefill: int) -> Plan:
@@ -433,7 +428,7 @@ def evaluate(s: Scenario, *, with_sweeps: bool = True) -> dict[str, Any]:
             "vs_naive_heterogeneous": _ratio(plan.lambda_max, naive["lambda_max_rps"]),
         },
         "link": {
-            "bandwidth_gbps": _json_float(s.link_gbps),
+            "bandwidth_gbps": s.link_gbps,
             "utilisation_ceiling": s.utilisation_ceiling,
             "egress_share": plan.egress_gbps / s.link_gbps if math.isfinite(s.link_gbps) else 0.0,
         },
@@ -453,7 +448,21 @@ def evaluate(s: Scenario, *, with_sweeps: bool = True) -> dict[str, Any]:
     }
     if with_sweeps:
         out["sweeps"] = sweeps(s, rates, n_prefill, lam)
-    return out
+    return json_safe(out)
+
+
+def json_safe(value: Any) -> Any:
+    """Replace non-finite floats (an unused stage's infinite capacity, an overflow on absurd
+    but valid inputs) by ``None`` so that the answer is always valid JSON."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
 
 
 def unlimited_link(s: Scenario) -> Scenario:

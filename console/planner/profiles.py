@@ -97,7 +97,8 @@ class PrefillProfile:
 
     def __call__(self, tokens: ArrayLike) -> FloatArray:
         t = np.asarray(tokens, dtype=np.float64)
-        return np.asarray(self.a + self.b * t + self.c * t * t)
+        with np.errstate(over="ignore"):  # absurd coefficients: an infinite time, 0 req/s
+            return np.asarray(self.a + self.b * t + self.c * t * t)
 
     def check_positive(self, lower: float, upper: float, field: str) -> None:
         """Raise unless ``T(l) > 0`` over ``[lower, upper]`` (a fit can dip below zero)."""
