@@ -217,3 +217,21 @@ def test_log_spaced_grid_finds_the_same_optimum():
 
     assert rel(optimum["lambda_max_rps"], 3.24) < 0.02
     assert (optimum["n_prefill"], optimum["n_decode"]) == (3, 5)
+
+
+def test_vectorised_grid_agrees_with_a_plain_python_loop():
+    from dataclasses import replace
+
+    from bench.planner import scalar_grid
+    from console.planner.model import optimise
+
+    body = preset_scenario("prfaas-case-study")
+    body["grid"] = {"thresholds": 150}
+    s = replace(parse_scenario(body), zoom=False)
+
+    best_lambda, best_threshold, best_split = scalar_grid(s)
+    plan, *_ = optimise(s)
+
+    assert plan.lambda_max == pytest.approx(best_lambda, rel=1e-9)
+    assert plan.threshold == pytest.approx(best_threshold)
+    assert plan.n_prefill == best_split
