@@ -152,6 +152,10 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_celery_beat",
     "console.core",
+    "console.inventory",
+    "console.catalog",
+    "console.deployments",
+    "console.rollouts",
     "console.planner",
 ]
 
