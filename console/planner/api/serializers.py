@@ -9,6 +9,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from console.catalog.models import ModelSpec
 from console.planner.errors import PlannerInputError
 from console.planner.inputs import parse_scenario
 from console.planner.kvsize import ArchitectureError, validate_architecture
@@ -25,10 +26,37 @@ class ScenarioSerializer(serializers.Serializer):
     ``{"scenario": Scenario}``."""
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
+        model = None
+        if isinstance(data, dict) and isinstance(data.get("kv"), dict) and "model" in data["kv"]:
+            data, model = _with_model_architecture(data)
         try:
-            return {"scenario": parse_scenario(data)}
+            return {"scenario": parse_scenario(data), "model": model}
         except PlannerInputError as exc:
             raise field_error(exc) from None
+
+
+def _model(value: Any, field: str) -> ModelSpec:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise serializers.ValidationError({field: ["Must be a model id (an integer)."]})
+    model = ModelSpec.objects.filter(pk=value).first()
+    if model is None:
+        raise serializers.ValidationError({field: [f"No model with id {value}."]})
+    return model
+
+
+def _with_model_architecture(data: dict[str, Any]) -> tuple[dict[str, Any], ModelSpec]:
+    """``kv: {"model": 3}`` -> ``kv: {"architecture": <that model's architecture>}``."""
+    kv = data["kv"]
+    if len(kv) != 1:
+        raise serializers.ValidationError(
+            {
+                "kv": [
+                    "give exactly one of fixed_bytes + per_token_bytes, points, architecture, model"
+                ]
+            }
+        )
+    model = _model(kv["model"], "kv.model")
+    return {**data, "kv": {"architecture": model.architecture}}, model
 
 
 class KvSizeSerializer(serializers.Serializer):
@@ -37,6 +65,11 @@ class KvSizeSerializer(serializers.Serializer):
 
     architecture = serializers.JSONField(
         required=False, help_text="Architecture JSON (see console.planner.kvsize)."
+    )
+    model = serializers.PrimaryKeyRelatedField(
+        queryset=ModelSpec.objects.all(),
+        required=False,
+        help_text="A catalog model id, instead of architecture.",
     )
     lengths = serializers.ListField(
         child=serializers.IntegerField(min_value=0, max_value=100_000_000),
@@ -73,12 +106,14 @@ class KvSizeSerializer(serializers.Serializer):
         return value
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if "model" in self.initial_data:
+        model = attrs.pop("model", None)
+        if (model is None) == ("architecture" not in attrs):
             raise serializers.ValidationError(
-                {"model": ["Model ids are not available in this build; send architecture."]}
+                {"architecture": ["Give exactly one of architecture or model."]}
             )
-        if "architecture" not in attrs:
-            raise serializers.ValidationError({"architecture": ["This field is required."]})
+        if model is not None:
+            attrs["architecture"] = model.architecture
+            attrs["model"] = model
         try:
             attrs["architecture"] = validate_architecture(attrs["architecture"])
         except ArchitectureError as exc:

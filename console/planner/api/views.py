@@ -25,6 +25,10 @@ from console.planner.presets import preset_list
 logger = logging.getLogger(__name__)
 
 
+def _model_ref(model: Any) -> dict[str, Any]:
+    return {"id": model.pk, "name": model.name}
+
+
 class PlannerView(APIView):
     """Base: reads and computing POSTs both need only the viewer role."""
 
@@ -50,6 +54,9 @@ class EvaluateView(PlannerView):
             result = evaluate(scenario, with_sweeps=with_sweeps)
         except PlannerInputError as exc:
             raise field_error(exc) from None
+        model = serializer.validated_data["model"]
+        if model is not None:
+            result["profiles"]["kv"]["model"] = _model_ref(model)
         logger.info(
             "planner.evaluated",
             extra={
@@ -68,11 +75,13 @@ class KvSizeView(PlannerView):
     def post(self, request: Request) -> Response:
         serializer = KvSizeSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        data: dict[str, Any] = serializer.validated_data
+        data: dict[str, Any] = dict(serializer.validated_data)
+        model = data.pop("model", None)
         try:
             result = transfer_demand(**data)
         except PlannerInputError as exc:
             raise field_error(exc) from None
+        result["model"] = _model_ref(model) if model is not None else None
         return Response(result)
 
 

@@ -280,3 +280,71 @@ def test_extreme_distributions_answer(api_as, lengths):
     data = strict_json(response)
     assert data["optimum"]["lambda_max_rps"] >= 0
     assert not math.isnan(data["optimum"]["offload_share"])
+
+
+# --- catalog models instead of raw architectures ------------------------------------------------
+
+
+def test_kv_size_of_a_catalog_model(api_as):
+    from tests.console.factories import ModelSpecFactory
+
+    model = ModelSpecFactory(name="hybrid-3-1", architecture=HYBRID)
+
+    by_id = api_as("viewer").post(KV_SIZE, {"model": model.pk, "lengths": [4096]})
+    by_arch = api_as("viewer").post(KV_SIZE, {"architecture": HYBRID, "lengths": [4096]})
+
+    assert by_id.status_code == 200
+    assert by_id.json()["model"] == {"id": model.pk, "name": "hybrid-3-1"}
+    assert by_id.json()["lengths"] == by_arch.json()["lengths"]
+
+
+def test_kv_size_wants_exactly_one_of_model_and_architecture(api_as):
+    from tests.console.factories import ModelSpecFactory
+
+    model = ModelSpecFactory(architecture=HYBRID)
+
+    both = api_as("viewer").post(
+        KV_SIZE, {"model": model.pk, "architecture": HYBRID, "lengths": [1]}
+    )
+    unknown = api_as("viewer").post(KV_SIZE, {"model": model.pk + 1000, "lengths": [1]})
+
+    assert both.status_code == 400
+    assert "architecture" in both.json()
+    assert unknown.status_code == 400
+    assert "model" in unknown.json()
+
+
+def test_evaluate_with_a_catalog_model(api_as):
+    from tests.console.factories import DENSE_ARCH, ModelSpecFactory
+
+    dense = ModelSpecFactory(name="dense-gqa", architecture=DENSE_ARCH)
+    body = small_case_study()
+    body["kv"] = {"model": dense.pk}
+
+    response = api_as("viewer").post(EVALUATE + "?sweeps=false", body)
+
+    assert response.status_code == 200
+    data = response.json()
+    assert data["profiles"]["kv"]["model"] == {"id": dense.pk, "name": "dense-gqa"}
+    assert data["profiles"]["kv"]["source"] == "architecture"
+    assert data["verdict"]["checks"]["dense"]["passed"] is False
+    assert data["verdict"]["decision"] == "stay_local"
+
+
+@pytest.mark.parametrize(
+    ("kv", "field"),
+    [
+        ({"model": 999_999}, "kv.model"),
+        ({"model": "dense"}, "kv.model"),
+        ({"model": True}, "kv.model"),
+        ({"model": 1, "fixed_bytes": 5}, "kv"),
+    ],
+)
+def test_evaluate_bad_model_reference_names_the_field(api_as, kv, field):
+    body = small_case_study()
+    body["kv"] = kv
+
+    response = api_as("viewer").post(EVALUATE, body)
+
+    assert response.status_code == 400
+    assert field in response.json()
