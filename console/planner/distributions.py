@@ -11,7 +11,8 @@ Both distributions here give them in closed form, vectorised over an array of th
 * ``TruncatedLogNormal``: ``ln L ~ N(mu, sigma)`` truncated to ``[lower, upper]``. With ``Phi``
   the standard normal CDF, ``P(L <= x) = (Phi(z(x)) - Phi(z(lower))) / Z`` and the partial
   expectation ``E[L; a < L <= b] = exp(mu + sigma^2/2) (Phi(z(b) - sigma) - Phi(z(a) - sigma)) / Z``
-  where ``z(x) = (ln x - mu) / sigma`` and ``Z = Phi(z(upper)) - Phi(z(lower))``.
+  where ``z(x) = (ln x - mu) / sigma`` and ``Z = Phi(z(upper)) - Phi(z(lower))``; the second
+  moment likewise with ``exp(2 mu + 2 sigma^2)`` and a shift of ``2 sigma``.
 * ``Histogram``: bins ``[lo, hi)`` with counts, the density uniform inside each bin (a bin with
   ``lo == hi`` is a point mass), so CDF and partial expectations are exact piecewise formulas.
 
@@ -65,8 +66,17 @@ class LengthDistribution(Protocol):
         """``E[L; L <= x]`` (the expectation restricted to ``L <= x``, not conditioned)."""
         ...
 
+    def partial_moment2(self, x: ArrayLike) -> FloatArray:
+        """``E[L^2; L <= x]`` (for the expected prefill time of a quadratic ``T``)."""
+        ...
+
     @property
     def mean(self) -> float: ...
+
+    @property
+    def moment2(self) -> float:
+        """``E[L^2]``."""
+        ...
 
     def describe(self) -> dict[str, object]: ...
 
@@ -113,9 +123,19 @@ class TruncatedLogNormal:
         s = self.sigma
         return np.asarray(scale * (self._phi_at(x, s) - self._phi_at(self.lower, s)) / self._z)
 
+    def partial_moment2(self, x: ArrayLike) -> FloatArray:
+        # E[L^2; L <= x] = exp(2 mu + 2 sigma^2) (Phi(z(x) - 2 sigma) - Phi(z(lower) - 2 sigma)) / Z
+        scale = math.exp(2 * self.mu + 2 * self.sigma**2)
+        s2 = 2 * self.sigma
+        return np.asarray(scale * (self._phi_at(x, s2) - self._phi_at(self.lower, s2)) / self._z)
+
     @property
     def mean(self) -> float:
         return float(self.partial_mean(self.upper))
+
+    @property
+    def moment2(self) -> float:
+        return float(self.partial_moment2(self.upper))
 
     def describe(self) -> dict[str, object]:
         return {
@@ -178,12 +198,15 @@ class Histogram:
         return cls(lo=data[:, 0], hi=data[:, 1], weight=data[:, 2] / total)
 
     def _locate(self, x: ArrayLike) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """For each ``x``: the mass of the bins wholly below it, the partial mean of those bins,
-        and the share of the bin holding ``x`` that lies at ``<= x`` (times its weight), with
-        that part's mean. Binary search over the sorted bins: O(len(x) log bins)."""
+        """For each ``x``: ``P(L <= x)``, ``E[L; L <= x]`` and ``E[L^2; L <= x]``: the bins
+        wholly below ``x`` (cumulative sums) plus the part of the bin holding ``x`` that lies
+        at ``<= x``. Binary search over the sorted bins: O(len(x) log bins)."""
         xs = np.asarray(x, dtype=np.float64)
+        lo_all, hi_all = self.lo, self.hi
         cum_w = np.concatenate([[0.0], np.cumsum(self.weight)])
-        cum_m = np.concatenate([[0.0], np.cumsum(self.weight * (self.lo + self.hi) / 2.0)])
+        cum_m = np.concatenate([[0.0], np.cumsum(self.weight * (lo_all + hi_all) / 2.0)])
+        m2_all = self.weight * (lo_all * lo_all + lo_all * hi_all + hi_all * hi_all) / 3.0
+        cum_m2 = np.concatenate([[0.0], np.cumsum(m2_all)])
         k = np.searchsorted(self.lo, xs, side="right") - 1  # last bin starting at <= x
         inside = k >= 0
         kk = np.where(inside, k, 0)
@@ -194,7 +217,11 @@ class Histogram:
         part_w = np.where(inside, cum_w[kk] + w * frac, 0.0)
         # The part of the bin below x sits uniformly on [lo, min(x, hi)]: its mean is the midpoint.
         part_m = np.where(inside, cum_m[kk] + w * frac * (lo + top) / 2.0, 0.0)
-        return part_w, part_m, xs
+        # ... and its second moment is that of a uniform on [lo, top].
+        part_m2 = np.where(
+            inside, cum_m2[kk] + w * frac * (lo * lo + lo * top + top * top) / 3.0, 0.0
+        )
+        return part_w, part_m, part_m2
 
     def cdf(self, x: ArrayLike) -> FloatArray:
         part_w, _, _ = self._locate(x)
@@ -203,6 +230,15 @@ class Histogram:
     def partial_mean(self, x: ArrayLike) -> FloatArray:
         _, part_m, _ = self._locate(x)
         return np.asarray(part_m)
+
+    def partial_moment2(self, x: ArrayLike) -> FloatArray:
+        _, _, part_m2 = self._locate(x)
+        return np.asarray(part_m2)
+
+    @property
+    def moment2(self) -> float:
+        lo, hi = self.lo, self.hi
+        return float(self.weight @ ((lo * lo + lo * hi + hi * hi) / 3.0))
 
     @property
     def mean(self) -> float:

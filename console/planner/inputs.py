@@ -15,10 +15,11 @@ The request body of ``POST /api/planner/evaluate/`` and the shape of the presets
       "grid":    {"thresholds": 1000, "spacing": "linear", "zoom": true}
                  | {"threshold_values": [4096, 8192, ...]},
       "baseline": {"homogeneous_instances": 12},
-      "verdict":  {"min_gain": 1.1}
+      "verdict":  {"min_gain": 1.1},
+      "method":   {"prefill_time": "at_mean_length"}      # or "expected": E[T(L)]
     }
 
-``grid``, ``baseline``, ``verdict`` and ``link.utilisation_ceiling`` are optional. Unknown keys
+``grid``, ``baseline``, ``verdict``, ``method`` and ``link.utilisation_ceiling`` are optional. Unknown keys
 are errors (a typo must not silently fall back to a default). Every error is a
 ``PlannerInputError`` whose ``field`` is the dotted path of the offending value.
 Callers: the planner API serializers, ``presets``, ``bench.planner``. Pure, blocking.
@@ -34,7 +35,12 @@ import numpy as np
 from console.planner.distributions import Histogram, TruncatedLogNormal, parse_histogram_csv
 from console.planner.errors import PlannerInputError
 from console.planner.kvsize import is_dense
-from console.planner.model import MAX_INSTANCES, MAX_THRESHOLDS, Scenario, threshold_grid
+from console.planner.model import (
+    MAX_INSTANCES,
+    MAX_THRESHOLDS,
+    Scenario,
+    threshold_grid,
+)
 from console.planner.profiles import DecodeProfile, KvProfile, PrefillProfile
 
 DEFAULT_THRESHOLDS = 1000
@@ -42,7 +48,18 @@ DEFAULT_CEILING = 0.7
 DEFAULT_MIN_GAIN = 1.1
 MAX_CSV_CHARS = 2_000_000
 
-_TOP = {"remote", "local", "kv", "decode", "link", "lengths", "grid", "baseline", "verdict"}
+_TOP = {
+    "remote",
+    "local",
+    "kv",
+    "decode",
+    "link",
+    "lengths",
+    "grid",
+    "baseline",
+    "verdict",
+    "method",
+}
 
 
 def _object(value: Any, field: str, allowed: set[str]) -> dict[str, Any]:
@@ -229,6 +246,8 @@ def parse_scenario(data: Any) -> Scenario:
     min_gain = _number(
         verdict.get("min_gain", DEFAULT_MIN_GAIN), "verdict.min_gain", minimum=0, strict=True
     )
+    method = _object(obj.get("method", {}), "method", {"prefill_time"})
+    prefill_time = method.get("prefill_time", "at_mean_length")  # checked by Scenario.check
     scenario = Scenario(
         remote_instances=n_remote,
         remote_prefill=remote,
@@ -244,6 +263,7 @@ def parse_scenario(data: Any) -> Scenario:
         min_gain=min_gain,
         dense=dense,
         zoom=zoom,
+        prefill_time=prefill_time,
     )
     scenario.check()
     return scenario

@@ -43,6 +43,7 @@ BALANCE_TOLERANCE = 0.01
 MAX_THRESHOLDS = 100_000
 MAX_INSTANCES = 1_000  # per pool; the grid holds (N_local + 1) x thresholds cells
 ZOOM_POINTS = 257
+PREFILL_TIME_MODES = ("at_mean_length", "expected")
 ZOOM_ROUNDS = 3
 ZOOM_CANDIDATES = 4  # distinct grid columns zoomed: the best cells of the best splits
 
@@ -66,6 +67,9 @@ class Scenario:
     min_gain: float = 1.1  # the verdict's bar over the homogeneous baseline
     dense: bool | None = None  # every layer full attention (known only from an architecture)
     zoom: bool = True  # refine the optimum around the best grid cell
+    # "at_mean_length": T(E[L | ...]) as the paper's model states it; "expected": E[T(L) | ...],
+    # the mean prefill time (larger: T is convex), from the distribution's second moment.
+    prefill_time: str = "at_mean_length"
 
     def check(self) -> None:
         """Validate cross-field constraints; raises ``PlannerInputError`` naming the field."""
@@ -87,6 +91,10 @@ class Scenario:
             raise PlannerInputError("link.bandwidth_gbps", "must be > 0")
         if not (0 < self.utilisation_ceiling <= 1):
             raise PlannerInputError("link.utilisation_ceiling", "must be in (0, 1]")
+        if self.prefill_time not in PREFILL_TIME_MODES:
+            raise PlannerInputError(
+                "method.prefill_time", f"must be one of {', '.join(PREFILL_TIME_MODES)}"
+            )
         if not (math.isfinite(self.min_gain) and self.min_gain > 0):
             raise PlannerInputError("verdict.min_gain", "must be a finite number > 0")
         grid = np.asarray(self.thresholds, dtype=np.float64)
@@ -157,10 +165,20 @@ def stage_rates(s: Scenario, thresholds: FloatArray) -> StageRates:
     long_eval = np.nan_to_num(l_long, nan=dist.upper)
     short_eval = np.nan_to_num(l_short, nan=dist.lower)
     kv_long = s.kv(long_eval)
+    if s.prefill_time == "expected":
+        part2 = dist.partial_moment2(t)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            long_m2 = np.where(p > 0, (dist.moment2 - part2) / p, np.nan)
+            short_m2 = np.where(p < 1, part2 / (1.0 - p), np.nan)
+        # E[L^2 | .] >= E[L | .]^2 always; cancellation at the far tails can break it.
+        t_remote = s.remote_prefill.expected(long_eval, np.maximum(long_m2, long_eval**2))
+        t_local = s.local_prefill.expected(short_eval, np.maximum(short_m2, short_eval**2))
+    else:
+        t_remote, t_local = s.remote_prefill(long_eval), s.local_prefill(short_eval)
     with np.errstate(divide="ignore"):  # 0 KV bytes (all mass at 0 tokens): no link limit
-        remote_compute = s.remote_instances / s.remote_prefill(long_eval)
+        remote_compute = s.remote_instances / t_remote
         remote_link = s.link_gbps * GBIT / 8.0 / kv_long
-        local_per_instance = 1.0 / s.local_prefill(short_eval)
+        local_per_instance = 1.0 / t_local
     return StageRates(
         thresholds=t,
         p=p,
@@ -327,10 +345,18 @@ def optimise(s: Scenario) -> tuple[Plan, StageRates, NDArray[np.int64], FloatArr
     return plan, rates, n_prefill, lam
 
 
+def _whole_distribution_time(s: Scenario, profile: PrefillProfile) -> float:
+    """Prefill seconds of a request drawn from the whole distribution, per ``prefill_time``."""
+    mean = s.lengths.mean
+    if s.prefill_time == "expected":
+        return float(profile.expected(mean, max(s.lengths.moment2, mean * mean)))
+    return float(profile(mean))
+
+
 def homogeneous_baseline(s: Scenario, instances: int) -> dict[str, Any]:
     """Same-datacenter PD on local hardware: every prompt prefilled locally (``p = 0``,
     ``l_short = E[L]``), ``instances`` split between prefill and decode at the best split."""
-    per_instance = 1.0 / float(s.local_prefill(s.lengths.mean))
+    per_instance = 1.0 / _whole_distribution_time(s, s.local_prefill)
     n_prefill = np.arange(instances + 1)
     lam = np.minimum(n_prefill * per_instance, (instances - n_prefill) * s.decode.requests_per_s)
     best = int(np.argmax(lam))
@@ -346,7 +372,7 @@ def naive_baseline(s: Scenario) -> dict[str, Any]:
     """Every prompt prefilled remotely (``p = 1``, ``l_long = E[L]``), all local instances
     decode."""
     mean = s.lengths.mean
-    compute = s.remote_instances / float(s.remote_prefill(mean))
+    compute = s.remote_instances / _whole_distribution_time(s, s.remote_prefill)
     link = s.link_gbps * GBIT / 8.0 / float(s.kv(mean))
     decode = s.local_instances * s.decode.requests_per_s
     lam = min(compute, link, decode)
@@ -444,6 +470,7 @@ def evaluate(s: Scenario, *, with_sweeps: bool = True) -> dict[str, Any]:
             "splits": len(n_prefill),
             "zoomed": s.zoom,
         },
+        "method": {"prefill_time": s.prefill_time},
         "verdict": verdict(s, plan, homogeneous),
     }
     if with_sweeps:

@@ -100,6 +100,13 @@ class PrefillProfile:
         with np.errstate(over="ignore"):  # absurd coefficients: an infinite time, 0 req/s
             return np.asarray(self.a + self.b * t + self.c * t * t)
 
+    def expected(self, mean: ArrayLike, moment2: ArrayLike) -> FloatArray:
+        """``E[T(L)] = a + b E[L] + c E[L^2]``: the mean prefill time over a set of requests."""
+        m1 = np.asarray(mean, dtype=np.float64)
+        m2 = np.asarray(moment2, dtype=np.float64)
+        with np.errstate(over="ignore"):
+            return np.asarray(self.a + self.b * m1 + self.c * m2)
+
     def check_positive(self, lower: float, upper: float, field: str) -> None:
         """Raise unless ``T(l) > 0`` over ``[lower, upper]`` (a fit can dip below zero)."""
         xs = np.linspace(lower, upper, 257)

@@ -126,3 +126,19 @@ def test_bad_csv_names_the_line(text, field):
         parse_histogram_csv(text)
 
     assert err.value.field == field
+
+
+def test_second_moment_closed_form_matches_numerical_integration():
+    numeric = fine_histogram(CASE)
+    ts = np.array([1000.0, 19_400.0, 60_000.0])
+
+    np.testing.assert_allclose(CASE.partial_moment2(ts), numeric.partial_moment2(ts), rtol=1e-5)
+    assert CASE.moment2 == pytest.approx(numeric.moment2, rel=1e-6)
+
+
+def test_histogram_second_moment_by_hand():
+    h = Histogram.from_bins([(0, 10, 1), (30, 30, 1)])
+
+    # Uniform on [0, 10]: E[L^2] = 100 / 3; point mass at 30: 900.
+    assert h.moment2 == pytest.approx((100 / 3 + 900) / 2)
+    assert h.partial_moment2(5) == pytest.approx(0.5 * 0.5 * 25 / 3)

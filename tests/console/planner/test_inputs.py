@@ -76,6 +76,8 @@ BAD = [
     ("grid", {"zoom": "yes"}, "grid.zoom"),
     ("baseline", {"homogeneous_instances": 0}, "baseline.homogeneous_instances"),
     ("verdict", {"min_gain": -1}, "verdict.min_gain"),
+    ("method", {"prefill_time": "median"}, "method.prefill_time"),
+    ("method", {"speed": 1}, "method.speed"),
     ("extra", 1, "extra"),
 ]
 

@@ -235,3 +235,39 @@ def test_vectorised_grid_agrees_with_a_plain_python_loop():
     assert plan.lambda_max == pytest.approx(best_lambda, rel=1e-9)
     assert plan.threshold == pytest.approx(best_threshold)
     assert plan.n_prefill == best_split
+
+
+def test_expected_prefill_time_averages_the_time_not_the_length():
+    # Short prompts 1,000 and 2,000 tokens, long ones 10,000; quadratic local prefill.
+    local = PrefillProfile(a=0.1, b=0.0, c=1e-7)  # T(1k) = 0.2 s, T(2k) = 0.5 s
+    s = two_point_scenario(
+        local_prefill=local,
+        lengths=Histogram.from_bins([(1000, 1000, 1), (2000, 2000, 1), (10000, 10000, 1)]),
+    )
+    from dataclasses import replace
+
+    at_mean = plan_at(s, 5000.0, n_prefill=1)
+    expected = plan_at(replace(s, prefill_time="expected"), 5000.0, n_prefill=1)
+
+    # T(E[L | short]) = T(1500) = 0.325 s; E[T(L) | short] = (0.2 + 0.5) / 2 = 0.35 s.
+    assert at_mean.capacities["local_prefill"] == pytest.approx(1 / 0.325 / (2 / 3))
+    assert expected.capacities["local_prefill"] == pytest.approx(1 / 0.35 / (2 / 3))
+    # A single long length: both modes agree on the remote side.
+    assert expected.capacities["remote_compute"] == pytest.approx(
+        at_mean.capacities["remote_compute"]
+    )
+
+
+def test_expected_prefill_time_on_the_case_study():
+    body = preset_scenario("prfaas-case-study")
+    body["method"] = {"prefill_time": "expected"}
+
+    result = evaluate(parse_scenario(body), with_sweeps=False)
+
+    # 4 / E[T_remote(L)] with E[T] = 1.68256 s (numerical integration of the truncated
+    # log-normal), against 4 / T_remote(E[L]) = 2.467 req/s in the paper's form.
+    assert result["baselines"]["naive_heterogeneous"]["lambda_max_rps"] == pytest.approx(
+        4 / 1.6825594, rel=1e-5
+    )
+    assert result["method"] == {"prefill_time": "expected"}
+    assert result["optimum"]["lambda_max_rps"] < 3.24
