@@ -348,3 +348,11 @@ def test_evaluate_bad_model_reference_names_the_field(api_as, kv, field):
 
     assert response.status_code == 400
     assert field in response.json()
+
+
+def test_planner_endpoints_are_in_the_openapi_schema(api_as):
+    response = api_as("viewer").get("/api/schema/", {"format": "json"})
+
+    assert response.status_code == 200
+    paths = json.loads(response.content)["paths"]
+    assert {EVALUATE, KV_SIZE, PRESETS} <= set(paths)
