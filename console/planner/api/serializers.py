@@ -13,6 +13,8 @@ from console.catalog.models import ModelSpec
 from console.planner.errors import PlannerInputError
 from console.planner.inputs import parse_scenario
 from console.planner.kvsize import ArchitectureError, validate_architecture
+from console.planner.models import PlannerScenario
+from console.planner.selectors import scenario_resolve
 
 
 def field_error(exc: PlannerInputError) -> serializers.ValidationError:
@@ -26,37 +28,11 @@ class ScenarioSerializer(serializers.Serializer):
     ``{"scenario": Scenario}``."""
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
-        model = None
-        if isinstance(data, dict) and isinstance(data.get("kv"), dict) and "model" in data["kv"]:
-            data, model = _with_model_architecture(data)
         try:
-            return {"scenario": parse_scenario(data), "model": model}
+            resolved, model = scenario_resolve(data)
+            return {"scenario": parse_scenario(resolved), "model": model}
         except PlannerInputError as exc:
             raise field_error(exc) from None
-
-
-def _model(value: Any, field: str) -> ModelSpec:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise serializers.ValidationError({field: ["Must be a model id (an integer)."]})
-    model = ModelSpec.objects.filter(pk=value).first()
-    if model is None:
-        raise serializers.ValidationError({field: [f"No model with id {value}."]})
-    return model
-
-
-def _with_model_architecture(data: dict[str, Any]) -> tuple[dict[str, Any], ModelSpec]:
-    """``kv: {"model": 3}`` -> ``kv: {"architecture": <that model's architecture>}``."""
-    kv = data["kv"]
-    if len(kv) != 1:
-        raise serializers.ValidationError(
-            {
-                "kv": [
-                    "give exactly one of fixed_bytes + per_token_bytes, points, architecture, model"
-                ]
-            }
-        )
-    model = _model(kv["model"], "kv.model")
-    return {**data, "kv": {"architecture": model.architecture}}, model
 
 
 class KvSizeSerializer(serializers.Serializer):
@@ -121,3 +97,14 @@ class KvSizeSerializer(serializers.Serializer):
                 {f"architecture.{exc.field}": [exc.message]}
             ) from None
         return attrs
+
+
+class PlannerScenarioSerializer(serializers.ModelSerializer):
+    """A saved scenario. ``body`` is validated by the services (errors keyed ``body.<field>``)."""
+
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = PlannerScenario
+        fields = ["id", "name", "description", "body", "created_by", "created_at", "updated_at"]
+        read_only_fields = ["created_by", "created_at", "updated_at"]
