@@ -41,6 +41,8 @@ STAGES = ("remote_compute", "remote_link", "local_prefill", "decode")
 # Stages whose capacity is within this of Lambda_max count as binding together.
 BALANCE_TOLERANCE = 0.01
 MAX_THRESHOLDS = 100_000
+# thresholds x splits: bounds the memory of one search (a few float arrays of this size).
+MAX_GRID_CELLS = 2_000_000
 MAX_INSTANCES = 1_000  # per pool; the grid holds (N_local + 1) x thresholds cells
 ZOOM_POINTS = 257
 PREFILL_TIME_MODES = ("at_mean_length", "expected")
@@ -104,6 +106,11 @@ class Scenario:
             raise PlannerInputError("grid.thresholds", f"must hold at most {MAX_THRESHOLDS}")
         if not np.all(np.isfinite(grid)) or np.any(grid < 0):
             raise PlannerInputError("grid.thresholds", "must be finite token counts >= 0")
+        if grid.size * (self.local_instances + 1) > MAX_GRID_CELLS:
+            raise PlannerInputError(
+                "grid.thresholds",
+                f"thresholds x (local.instances + 1) must be at most {MAX_GRID_CELLS:,}",
+            )
         lo, hi = self.lengths.lower, self.lengths.upper
         self.remote_prefill.check_positive(lo, hi, "remote.prefill")
         self.local_prefill.check_positive(lo, hi, "local.prefill")

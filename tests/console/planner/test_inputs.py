@@ -120,3 +120,13 @@ def test_measured_points_and_histogram_inputs_are_accepted():
     assert s.local_prefill.fitted_from == 4
     assert s.kv.source == "points"
     assert s.lengths.upper == 65536
+
+
+def test_grid_cells_are_bounded():
+    body = with_change("grid", {"thresholds": 100_000})
+    body["local"]["instances"] = 100  # 100,000 x 101 cells
+
+    with pytest.raises(PlannerInputError, match="at most 2,000,000") as err:
+        parse_scenario(body)
+
+    assert err.value.field == "grid.thresholds"
