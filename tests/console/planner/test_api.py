@@ -312,6 +312,9 @@ def test_kv_size_wants_exactly_one_of_model_and_architecture(api_as):
     assert "architecture" in both.json()
     assert unknown.status_code == 400
     assert "model" in unknown.json()
+    huge = api_as("viewer").post(KV_SIZE, {"model": 10**30, "lengths": [1]})
+    assert huge.status_code == 400
+    assert "model" in huge.json()
 
 
 def test_evaluate_with_a_catalog_model(api_as):
@@ -335,6 +338,7 @@ def test_evaluate_with_a_catalog_model(api_as):
     ("kv", "field"),
     [
         ({"model": 999_999}, "kv.model"),
+        ({"model": 10**30}, "kv.model"),  # beyond bigint: still a 400, not a database error
         ({"model": "dense"}, "kv.model"),
         ({"model": True}, "kv.model"),
         ({"model": 1, "fixed_bytes": 5}, "kv"),
