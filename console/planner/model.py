@@ -37,7 +37,7 @@ from console.planner.profiles import DecodeProfile, KvProfile, PrefillProfile
 FloatArray = NDArray[np.float64]
 
 GBIT = 1e9  # link rates are decimal: 100 Gbit/s = 1e11 bit/s
-STAGES = ("remote_compute", "remote_link", "local_prefill", "decode")
+PREFILL_TIME_MODES = ("at_mean_length", "expected")
 # Stages whose capacity is within this of Lambda_max count as binding together.
 BALANCE_TOLERANCE = 0.01
 MAX_THRESHOLDS = 100_000
@@ -45,7 +45,6 @@ MAX_THRESHOLDS = 100_000
 MAX_GRID_CELLS = 2_000_000
 MAX_INSTANCES = 1_000  # per pool; the grid holds (N_local + 1) x thresholds cells
 ZOOM_POINTS = 257
-PREFILL_TIME_MODES = ("at_mean_length", "expected")
 ZOOM_ROUNDS = 3
 ZOOM_CANDIDATES = 4  # distinct grid columns zoomed: the best cells of the best splits
 
