@@ -244,6 +244,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "SiteRoleEnum": "console.inventory.choices.SiteRole",
+        "PoolRoleEnum": "console.deployments.choices.PoolRole",
+        "UserRoleEnum": "console.core.choices.Role",
+    },
 }
 
 LOGGING = {

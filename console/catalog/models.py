@@ -6,6 +6,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 
+from console.core.models import Timestamped
 from console.inventory.models import name_validator
 
 
@@ -19,7 +20,7 @@ class ModelSpecManager(models.Manager["ModelSpec"]):
         return self.get(name=name)
 
 
-class ModelSpec(models.Model):
+class ModelSpec(Timestamped):
     """A model: its layer layout (``architecture``, validated by ``console.planner.kvsize``),
     its weights (URI and sha256) and engine settings. ``architecture_hash`` is computed by the
     services; together with ``weights_sha256`` it is the fingerprint the KV link checks."""
@@ -67,12 +68,6 @@ class ModelSpec(models.Model):
     notes = models.TextField(
         blank=True,
         help_text="Where the shape comes from, caveats.",
-    )
-    created_at = models.DateTimeField(
-        auto_now_add=True,
-    )
-    updated_at = models.DateTimeField(
-        auto_now=True,
     )
 
     objects = ModelSpecManager()

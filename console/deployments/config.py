@@ -12,6 +12,8 @@ from console.deployments.choices import PoolRole
 from console.deployments.models import ConfigSnapshot, Deployment
 from console.inventory.models import Link
 
+SECTION_ORDER = ("model", "routing", "circuit_breaker", "kv_transfer", "prefill", "pools", "links")
+
 
 def _pool_doc(pool: Any) -> dict[str, Any]:
     nodes = sorted(pool.nodes.all(), key=lambda n: n.hostname)
@@ -104,5 +106,7 @@ def render_snapshot(snapshot: ConfigSnapshot) -> dict[str, Any]:
         "version": snapshot.version,
         "created_at": snapshot.created_at.isoformat().replace("+00:00", "Z"),
     }
-    body.update({k: v for k, v in config.items() if k != "deployment"})
+    # jsonb does not keep key order; emit the contract's order, then anything newer.
+    body.update({k: config[k] for k in SECTION_ORDER if k in config})
+    body.update({k: v for k, v in config.items() if k not in body})
     return body

@@ -9,11 +9,12 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from console.catalog.models import validate_json_object
+from console.core.models import Timestamped
 from console.deployments.choices import Compression, DeploymentState, PoolRole
 from console.inventory.models import name_validator, validate_fraction
 
 
-class Deployment(models.Model):
+class Deployment(Timestamped):
     """What should run and how traffic is routed. Every change goes through
     ``services`` so that ``version`` goes up by one and a ``ConfigSnapshot`` is written."""
 
@@ -99,12 +100,6 @@ class Deployment(models.Model):
         default=1,
         editable=False,
         help_text="Config version: +1 per change; writes may name it (If-Match) to avoid lost updates.",
-    )
-    created_at = models.DateTimeField(
-        auto_now_add=True,
-    )
-    updated_at = models.DateTimeField(
-        auto_now=True,
     )
 
     class Meta:

@@ -10,6 +10,7 @@ names changes (``deployments_refresh``) and later by the orchestrator
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,6 +29,8 @@ from console.deployments.models import ConfigSnapshot, Deployment, Pool
 from console.inventory.choices import SiteRole
 from console.inventory.models import Node, Site
 
+logger = logging.getLogger(__name__)
+
 # Config sections whose keys are Deployment fields of the same name (restore copies them back).
 SETTING_SECTIONS = ("routing", "circuit_breaker", "kv_transfer", "prefill")
 DELETABLE_STATES = {DeploymentState.DRAFT, DeploymentState.FAILED, DeploymentState.RETIRED}
@@ -38,12 +41,12 @@ class StaleVersionError(Conflict):
 
     def __init__(self, current_version: int, given: int) -> None:
         super().__init__(
-            detail={
-                "detail": f"Stale version {given}: the deployment is at version "
-                f"{current_version}. Re-read it and apply your change again.",
-                "current_version": current_version,
-            }
+            f"Stale version {given}: the deployment is at version {current_version}. "
+            "Re-read it and apply your change again."
         )
+        self.current_version = current_version
+        # Keep the version an integer in the body (APIException would make it a string).
+        self.detail = {"detail": self.detail, "current_version": current_version}  # type: ignore[assignment]
 
 
 def _actor_user(actor: Actor) -> Any:
@@ -68,6 +71,10 @@ def snapshot_write(*, actor: Actor, deployment: Deployment, reason: str) -> Conf
     deployment.version = version
     deployment.save(update_fields=["version", "updated_at"])
     user = _actor_user(actor)
+    logger.info(
+        "deployment_config_version",
+        extra={"deployment": deployment.pk, "version": version, "reason": reason},
+    )
     return ConfigSnapshot.objects.create(
         deployment=deployment,
         version=version,

@@ -7,3 +7,6 @@ class InventoryConfig(AppConfig):
     name = "console.inventory"
     label = "inventory"
     verbose_name = "Inventory"
+
+    def ready(self) -> None:
+        from console.inventory import schema  # noqa: F401 - registers the OpenAPI extension

@@ -9,6 +9,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from console.core.models import Timestamped
 from console.inventory.choices import NodeStatus, SiteRole
 
 name_validator = RegexValidator(
@@ -27,7 +28,7 @@ def validate_fraction(value: float) -> None:
         raise ValidationError("Must be greater than 0 and at most 1.")
 
 
-class Site(models.Model):
+class Site(Timestamped):
     """A datacenter: decode near users, prefill in a compute-dense region, or both."""
 
     name = models.CharField(
@@ -55,12 +56,6 @@ class Site(models.Model):
     notes = models.TextField(
         blank=True,
     )
-    created_at = models.DateTimeField(
-        auto_now_add=True,
-    )
-    updated_at = models.DateTimeField(
-        auto_now=True,
-    )
 
     class Meta:
         ordering = ["name"]
@@ -69,7 +64,7 @@ class Site(models.Model):
         return self.name
 
 
-class Node(models.Model):
+class Node(Timestamped):
     """A machine with an agent. ``status`` and the ``reported_*`` fields come from heartbeats."""
 
     site = models.ForeignKey(
@@ -160,12 +155,6 @@ class Node(models.Model):
         editable=False,
         help_text="Node clock minus console clock at the last heartbeat (ms).",
     )
-    created_at = models.DateTimeField(
-        auto_now_add=True,
-    )
-    updated_at = models.DateTimeField(
-        auto_now=True,
-    )
 
     class Meta:
         ordering = ["site__name", "hostname"]
@@ -215,7 +204,7 @@ class NodeCredential(models.Model):
         return f"credential of {self.node} ({self.token_prefix}...)"
 
 
-class Link(models.Model):
+class Link(Timestamped):
     """The WAN path from one site to another (ordered: KV flows prefill site -> decode site)."""
 
     from_site = models.ForeignKey(
@@ -252,12 +241,6 @@ class Link(models.Model):
     measured_at = models.DateTimeField(
         null=True,
         blank=True,
-    )
-    created_at = models.DateTimeField(
-        auto_now_add=True,
-    )
-    updated_at = models.DateTimeField(
-        auto_now=True,
     )
 
     class Meta:

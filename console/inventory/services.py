@@ -165,6 +165,9 @@ class HeartbeatResult:
     status: str
     clock_skew_ms: float
     interval_s: int
+    # Deployment id -> current config version, for every deployment with a pool holding this
+    # node: which configs the agent should run (an addition to the agreed contract).
+    deployments: dict[str, int]
 
 
 @transaction.atomic
@@ -215,6 +218,10 @@ def node_heartbeat(
         status=node.status,
         clock_skew_ms=skew_ms,
         interval_s=settings.HEARTBEAT_INTERVAL_S,
+        deployments={
+            str(pk): version
+            for pk, version in node.pools.values_list("deployment_id", "deployment__version")
+        },
     )
 
 

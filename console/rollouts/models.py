@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from console.core.models import Timestamped
 from console.inventory.models import validate_fraction
 
 DEFAULT_PLAN_NAME = "default"
@@ -21,7 +22,7 @@ def default_steps() -> list[dict[str, int]]:
     ]
 
 
-class RolloutPlan(models.Model):
+class RolloutPlan(Timestamped):
     """How a deployment's remote share is raised. A deployment without its own plan uses the
     plan named ``default`` (created by ``services.rollout_plan_default``)."""
 
@@ -62,12 +63,6 @@ class RolloutPlan(models.Model):
         verbose_name="link-utilisation ceiling",
         default=0.7,
         validators=[validate_fraction],
-    )
-    created_at = models.DateTimeField(
-        auto_now_add=True,
-    )
-    updated_at = models.DateTimeField(
-        auto_now=True,
     )
 
     class Meta:

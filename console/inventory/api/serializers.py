@@ -109,7 +109,10 @@ class AwareDateTimeField(serializers.DateTimeField):
 
     def to_internal_value(self, value: Any) -> Any:
         if isinstance(value, str):
-            parsed = parse_datetime(value.strip())
+            try:
+                parsed = parse_datetime(value.strip())
+            except ValueError:  # well-formed but impossible (offset +25:00, month 13)
+                raise serializers.ValidationError("Not a valid date and time.") from None
             if parsed is not None and parsed.tzinfo is None:
                 raise serializers.ValidationError(
                     "Must carry a timezone offset (for example ...Z)."
@@ -135,7 +138,9 @@ class FaultReportSerializer(serializers.Serializer):
 
     id = serializers.CharField(max_length=100)
     kind = serializers.CharField(max_length=64)
-    target = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    target = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, allow_null=True
+    )
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
 
 
@@ -167,3 +172,4 @@ class HeartbeatResponseSerializer(serializers.Serializer):
     status = serializers.CharField()
     clock_skew_ms = serializers.FloatField()
     interval_s = serializers.IntegerField()
+    deployments = serializers.DictField(child=serializers.IntegerField())
