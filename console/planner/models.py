@@ -8,10 +8,11 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from console.core.models import Timestamped
 from console.inventory.models import name_validator
 
 
-class PlannerScenario(models.Model):
+class PlannerScenario(Timestamped):
     """A named, validated planner scenario body (see ``console.planner.inputs``)."""
 
     name = models.CharField(
@@ -32,12 +33,6 @@ class PlannerScenario(models.Model):
         null=True,
         blank=True,
         related_name="planner_scenarios",
-    )
-    created_at = models.DateTimeField(
-        auto_now_add=True,
-    )
-    updated_at = models.DateTimeField(
-        auto_now=True,
     )
 
     class Meta:
