@@ -7,6 +7,11 @@
 MiB/KiB are binary (2^20, 2^10 bytes), Gbit/s decimal (1e9 bit/s). The paper's expected
 figures are listed with each preset so tests and the UI can show "paper vs model".
 
+``prfaas-measured-points`` is the same case study built the way an operator would build it:
+the remote prefill curve least-squares fitted to the paper's four measured prefill times of
+the 1T hybrid on 8xH200 (1K 0.44 s, 8K 0.72 s, 32K 1.84 s, 128K 7.40 s) and the KV size
+interpolated between its four measured sizes (190.8 / 308.9 / 701.3 / 2316.3 MiB).
+
 Callers: ``GET /api/planner/presets/``, tests, ``bench.planner``. Pure data.
 """
 
@@ -61,6 +66,33 @@ PRESETS: dict[str, dict[str, Any]] = {
             "gain_vs_naive_heterogeneous": 1.32,
         },
     },
+}
+
+
+# The paper's measurements of its 1T hybrid (KDA:MLA 3:1) on one 8xH200 instance.
+_MEASURED_PREFILL_S = [[1024, 0.44], [8192, 0.72], [32768, 1.84], [131072, 7.40]]
+_MEASURED_KV_BYTES = [
+    [1024, 190.8 * MIB],
+    [8192, 308.9 * MIB],
+    [32768, 701.3 * MIB],
+    [131072, 2316.3 * MIB],
+]
+
+
+def _measured_points_scenario() -> dict[str, Any]:
+    """The case study with the remote prefill curve fitted to the paper's four measured
+    prefill times and the KV size interpolated between its four measured sizes."""
+    body = copy.deepcopy(PRESETS["prfaas-case-study"]["scenario"])
+    body["remote"]["prefill"] = {"points": copy.deepcopy(_MEASURED_PREFILL_S)}
+    body["kv"] = {"points": copy.deepcopy(_MEASURED_KV_BYTES)}
+    return body
+
+
+PRESETS["prfaas-measured-points"] = {
+    "title": "PrfaaS case study from the paper's measured points (H200 prefill times, KV sizes)",
+    "source": "Qin et al., Prefill-as-a-Service: the 1T hybrid's measurements on 8xH200",
+    "scenario": _measured_points_scenario(),
+    "paper": PRESETS["prfaas-case-study"]["paper"],
 }
 
 

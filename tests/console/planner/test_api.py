@@ -123,8 +123,9 @@ def test_presets_list_the_case_study_with_the_paper_figures(api_as):
     response = api_as("viewer").get(PRESETS)
 
     assert response.status_code == 200
-    (preset,) = response.json()["results"]
-    assert preset["name"] == "prfaas-case-study"
+    presets = {p["name"]: p for p in response.json()["results"]}
+    assert set(presets) == {"prfaas-case-study", "prfaas-measured-points"}
+    preset = presets["prfaas-case-study"]
     assert preset["paper"]["lambda_max_rps"] == 3.24
     assert api_as("viewer").post(EVALUATE + "?sweeps=false", preset["scenario"]).status_code == 200
 

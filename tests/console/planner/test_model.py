@@ -271,3 +271,16 @@ def test_expected_prefill_time_on_the_case_study():
     )
     assert result["method"] == {"prefill_time": "expected"}
     assert result["optimum"]["lambda_max_rps"] < 3.24
+
+
+def test_measured_points_preset_lands_near_the_papers_figures():
+    result = evaluate(parse_scenario(preset_scenario("prfaas-measured-points")), with_sweeps=False)
+
+    fitted = result["profiles"]["remote_prefill"]["coefficients"]
+    # The fit of the four measured prefill times recovers the paper's quadratic closely.
+    assert fitted == pytest.approx([0.389, 4.21e-5, 9.94e-11], rel=0.06)
+    assert result["profiles"]["kv"]["source"] == "points"
+    assert (result["optimum"]["n_prefill"], result["optimum"]["n_decode"]) == (3, 5)
+    assert rel(result["optimum"]["threshold_tokens"], 19_400) < 0.03
+    assert rel(result["optimum"]["lambda_max_rps"], 3.24) < 0.03
+    assert rel(result["gain"]["vs_homogeneous"], 1.54) < 0.03
