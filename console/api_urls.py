@@ -9,4 +9,5 @@ urlpatterns = [
     path("", include("console.catalog.api.urls")),
     path("", include("console.deployments.api.urls")),
     path("", include("console.rollouts.api.urls")),
+    path("", include("console.planner.api.urls")),
 ]

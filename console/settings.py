@@ -163,6 +163,7 @@ INSTALLED_APPS = [
     "console.catalog",
     "console.deployments",
     "console.rollouts",
+    "console.planner",
 ]
 
 MIDDLEWARE = [
