@@ -22,6 +22,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "Django management commands for the console (migrate, createsuperuser, ...)",
     ),
+    "kv": (
+        "grpc_kv.cli",
+        "main",
+        "the cross-datacenter KV link: serve, probe, loopback, certs, proxy",
+    ),
 }
 
 
