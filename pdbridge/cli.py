@@ -32,6 +32,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "beat",
         "the orchestrator's periodic scheduler (celery beat options follow)",
     ),
+    "kv": (
+        "grpc_kv.cli",
+        "main",
+        "the cross-datacenter KV link: serve, probe, loopback, certs, proxy",
+    ),
 }
 
 
