@@ -146,6 +146,8 @@ class ReferenceEngine:
         }
         self.receiver = receiver
         self.metrics = EngineMetrics()
+        for name in models:
+            self.metrics.add_model(name)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-compute")
         self._slots = asyncio.Semaphore(settings.max_num_seqs)
 
@@ -448,7 +450,10 @@ class ReferenceEngine:
             if tracker.stopped:
                 yield token, digest, delta, "stop"
                 return
-            yield token, digest, delta, ("length" if i + 1 == sess.req.max_tokens else None)
+            if i + 1 == sess.req.max_tokens:
+                yield token, digest, delta + tracker.flush(), "length"
+            else:
+                yield token, digest, delta, None
 
     def _ext(self, sess: _Session) -> dict[str, Any]:
         sess.timings["e2e_s"] = time.monotonic() - sess.t_arrival
