@@ -32,6 +32,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "beat",
         "the orchestrator's periodic scheduler (celery beat options follow)",
     ),
+    "engine": (
+        "agents.engines.cli",
+        "main",
+        "reference engine: serve, build zoo weights; print vLLM command lines",
+    ),
+    "verify": (
+        "agents.engines.verify",
+        "main",
+        "token-by-token verification of remote prefill + local decode against local runs",
+    ),
     "kv": (
         "grpc_kv.cli",
         "main",
