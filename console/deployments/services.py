@@ -174,8 +174,9 @@ def deployment_restore(
     expected_version: int | None = None,
 ) -> Deployment:
     """Make version ``version``'s configuration current again, as a new version: settings,
-    model and pools are set back (state is lifecycle, not configuration, and stays). 409 when
-    a model, site or node that version names no longer exists."""
+    model and pools are set back (state is lifecycle, not configuration, and stays; a kill
+    switch that is on stays on). 409 when a model, site or node that version names no longer
+    exists."""
     locked = _lock(deployment, expected_version)
     target = locked.snapshots.filter(version=version).first()
     if target is None:
@@ -188,6 +189,8 @@ def deployment_restore(
     if model is None:
         raise Conflict(f"Cannot restore: model {config['model']['name']} no longer exists.")
     fields["model"] = model
+    # Safety: a restore never turns the kill switch off; that is always an explicit act.
+    fields["kill_switch"] = fields["kill_switch"] or locked.kill_switch
     before_version = locked.version
     locked, _ = audited_update(actor=actor, instance=locked, fields=fields)
     _restore_pools(locked, config["pools"])

@@ -5,7 +5,7 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 from rest_framework import serializers
 
-from console.inventory.models import Link, Node, Site
+from console.inventory.models import HEARTBEAT_FIELDS, Link, Node, Site
 
 MAX_REPORT_ITEMS = 256
 
@@ -41,30 +41,12 @@ class NodeSerializer(serializers.ModelSerializer):
             "accelerator_memory_gib",
             "dense_tflops",
             "memory_bandwidth_gbs",
-            "status",
-            "last_heartbeat_at",
-            "agent_version",
-            "clock_skew_ms",
-            "reported_capacity",
-            "reported_children",
-            "reported_faults",
-            "reported_config_versions",
+            *HEARTBEAT_FIELDS,
             "has_token",
             "created_at",
             "updated_at",
         ]
-        read_only_fields = [
-            "status",
-            "last_heartbeat_at",
-            "agent_version",
-            "clock_skew_ms",
-            "reported_capacity",
-            "reported_children",
-            "reported_faults",
-            "reported_config_versions",
-            "created_at",
-            "updated_at",
-        ]
+        read_only_fields = [*HEARTBEAT_FIELDS, "created_at", "updated_at"]
 
     def get_has_token(self, obj: Node) -> bool:
         return hasattr(obj, "credential")

@@ -348,3 +348,28 @@ def test_restore_with_stale_if_match_is_409(api_as, world):
 
     assert response.status_code == 409
     assert response.json()["current_version"] == world.deployment.version
+
+
+def test_restore_never_turns_the_kill_switch_off(api_as, world):
+    api = api_as("operator")
+    api.post(url(world, "kill-switch/"), {"enabled": True}, format="json")
+
+    api.post(url(world, "restore/"), {"version": 1}, format="json")
+
+    assert api.get(url(world, "config/")).json()["routing"]["kill_switch"] is True
+
+
+def test_site_role_and_node_site_changes_that_break_pools_are_400(api_as, world):
+    api = api_as("admin")
+
+    role = api.patch(f"/api/sites/{world.local.pk}/", {"role": "prefill"}, format="json")
+    both = api.patch(f"/api/sites/{world.local.pk}/", {"role": "both"}, format="json")
+    move = api.patch(
+        f"/api/nodes/{world.decode_node.pk}/", {"site": world.remote.pk}, format="json"
+    )
+
+    assert role.status_code == 400
+    assert "role" in role.json()
+    assert both.status_code == 200
+    assert move.status_code == 400
+    assert "site" in move.json()
