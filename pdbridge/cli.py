@@ -17,6 +17,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "start the embedded console (SQLite, no Redis) and print its URL",
     ),
+    "agent": (
+        "agents.daemon",
+        "main",
+        "the node agent daemon: supervises engines, heartbeats, injects drill faults",
+    ),
     "console": (
         "pdbridge.console_cli",
         "main",
