@@ -2,8 +2,10 @@
 
 Two layers make sure a child never outlives the agent that started it:
 
-* ``PR_SET_PDEATHSIG(SIGKILL)`` armed in the child before it execs the real command: the
-  kernel kills the child when the agent dies, even by ``kill -9`` (:func:`with_death_signal`).
+* Every command runs under a keeper process (:mod:`agents.keeper`, :func:`keeper_argv`)
+  that leads the command's process group and holds ``PR_SET_PDEATHSIG``: when the agent dies,
+  even by ``kill -9``, the keeper kills the whole group. (A pre-exec hook in the agent is not
+  an option: gRPC's fork handlers abort a child that runs Python between fork and exec.)
 * A record of every child's process group (``children.json`` in the state directory); a
   restarted agent kills whatever is left of those groups (grandchildren that do not inherit
   the death signal) before it does anything else (:func:`reap_recorded_groups`).
@@ -20,23 +22,13 @@ from pathlib import Path
 
 log = logging.getLogger("pdbridge.agent.procs")
 
-# Runs as ``python -c`` in the child, then execs the real command (same pid). A pre-exec hook
-# in the agent itself is not an option: gRPC's fork handlers abort a child that runs Python
-# between fork and exec. Arms the death signal, then checks that the agent did not die before
-# it was armed (the kernel would not have sent it).
-_SHIM = (
-    "import ctypes, os, signal, sys\n"
-    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "    os._exit(70)\n"
-    "os.execvp(sys.argv[2], sys.argv[2:])\n"
-)
+KEEPER = Path(__file__).with_name("keeper.py")
 
 
-def with_death_signal(argv: list[str]) -> list[str]:
-    """``argv`` wrapped so that the process gets SIGKILL when the agent dies (even by
-    ``kill -9``): ``PR_SET_PDEATHSIG`` set by a tiny shim that then execs ``argv``."""
-    return [sys.executable, "-c", _SHIM, str(os.getpid()), *argv]
+def keeper_argv(argv: list[str]) -> list[str]:
+    """``argv`` run under the keeper (:mod:`agents.keeper`), which takes the command's whole
+    process group down when the agent dies, even by ``kill -9``."""
+    return [sys.executable, str(KEEPER), str(os.getpid()), "--", *argv]
 
 
 def start_time(pid: int) -> int | None:

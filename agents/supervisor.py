@@ -214,7 +214,7 @@ class Child:
         env["PDBRIDGE_CHILD_NAME"] = self.spec.name
         self.log.write(f"--- agent: starting {' '.join(plan.argv)}\n".encode())
         self.process = await asyncio.create_subprocess_exec(
-            *procs.with_death_signal(plan.argv),
+            *procs.keeper_argv(plan.argv),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,

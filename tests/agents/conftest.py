@@ -274,3 +274,9 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def command_pids(keeper_pid: int) -> list[int]:
+    """Children of a keeper process: the supervised command itself."""
+    path = Path(f"/proc/{keeper_pid}/task/{keeper_pid}/children")
+    return [int(p) for p in path.read_text().split()]
