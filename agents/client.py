@@ -8,40 +8,22 @@ Failures raise ``grpc.aio.AioRpcError`` with the agent's status and message.
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 from typing import Any
 
-import grpc
-
 from agents.proto.api import pb, pb_grpc
+from grpc_kv.tls import TLSConfig
 
 DEFAULT_TIMEOUT_S = 10.0
 LAUNCH_TIMEOUT_S = 180.0
 
 
-def channel_credentials(ca: str, cert: str, key: str) -> grpc.ChannelCredentials:
-    """Client side of mTLS: trust ``ca``, present ``cert``/``key``."""
-    return grpc.ssl_channel_credentials(
-        root_certificates=Path(ca).read_bytes(),
-        private_key=Path(key).read_bytes(),
-        certificate_chain=Path(cert).read_bytes(),
-    )
-
-
 class AgentClient:
-    """One channel to one agent. Use as ``async with AgentClient(...) as agent:``."""
+    """One channel to one agent. Use as ``async with AgentClient(address, tls) as agent:``;
+    ``tls`` is a :class:`grpc_kv.tls.TLSConfig` with the controller's certificate
+    (``server_name``: the agent's certificate name when dialing it by IP)."""
 
-    def __init__(
-        self,
-        address: str,
-        credentials: grpc.ChannelCredentials | None = None,
-        server_name: str | None = None,
-    ) -> None:
-        options = [("grpc.ssl_target_name_override", server_name)] if server_name else []
-        if credentials is None:
-            self.channel = grpc.aio.insecure_channel(address, options=options)
-        else:
-            self.channel = grpc.aio.secure_channel(address, credentials, options=options)
+    def __init__(self, address: str, tls: TLSConfig) -> None:
+        self.channel = tls.channel(address)
         self.stub = pb_grpc.AgentControlStub(self.channel)
 
     async def __aenter__(self) -> AgentClient:
@@ -135,9 +117,16 @@ class AgentClient:
         )
 
     async def probe(
-        self, peer_site: str, address: str, size: int = 0, rounds: int = 0, timeout: float = 60.0
+        self,
+        peer_site: str,
+        address: str,
+        seconds: float = 3.0,
+        max_bytes: int = 0,
+        timeout: float = 90.0,
     ) -> Any:
-        request = pb.ProbeRequest(peer_site=peer_site, address=address, bytes=size, rounds=rounds)
+        request = pb.ProbeRequest(
+            peer_site=peer_site, address=address, seconds=seconds, max_bytes=max_bytes
+        )
         return await self.stub.Probe(request, timeout=timeout)
 
     async def metrics(self, timeout: float = DEFAULT_TIMEOUT_S) -> Any:

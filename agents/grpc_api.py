@@ -1,8 +1,9 @@
 """The gRPC control API (``pdbridge.agent.v1.AgentControl``) over :class:`AgentService`.
 
-* mTLS: the server requires a client certificate signed by ``tls.ca``; the interceptor then
-  admits only identities (CN or DNS SAN) in ``tls.allowed_identities``. ``--insecure``
-  (explicit) serves plaintext and skips the allowlist.
+* mTLS through :class:`grpc_kv.tls.TLSConfig` (the same material and rules as the KV link;
+  certificates reload without a restart): the server requires a client certificate signed by
+  ``tls.ca``; the interceptor then admits only identities (CN or DNS SAN) in
+  ``tls.allowed_identities``. ``--insecure`` (explicit) serves plaintext, no allowlist.
 * Deadlines: a call without one runs under ``default_deadline_s``.
 * Idempotency: mutating calls require a ``request_id``; a retry with the same id gets the
   first call's answer (or waits for it); the same id with a different request is refused.
@@ -35,6 +36,7 @@ from agents.launch import ChildSpec, LaunchError
 from agents.proto.api import pb, pb_grpc
 from agents.service import AgentService
 from agents.supervisor import Child
+from grpc_kv.tls import PeerRejected, TLSConfig
 
 log = logging.getLogger("pdbridge.agent.grpc")
 
@@ -195,9 +197,7 @@ class AgentControlServicer(pb_grpc.AgentControlServicer):
     async def Probe(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         from agents.probe import probe_peer
 
-        result = await probe_peer(
-            request.peer_site, request.address, request.bytes, request.rounds, self.service.config
-        )
+        result = await probe_peer(request, tls_config(self.service.config))
         return pb.ProbeResponse(**result)
 
     async def InjectFault(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -217,23 +217,13 @@ class AgentControlServicer(pb_grpc.AgentControlServicer):
         )
 
 
-def peer_identities(context: Any) -> set[str]:
-    """CN and DNS SANs of the caller's verified client certificate."""
-    auth = context.auth_context()
-    names: set[str] = set()
-    for key in ("x509_common_name", "x509_subject_alternative_name"):
-        names.update(v.decode() for v in auth.get(key, []))
-    return names
-
-
 class ControlInterceptor(grpc.aio.ServerInterceptor):
     """Allowlist, deadline, idempotency, error mapping and request metrics for every unary
     call of the control API."""
 
-    def __init__(self, service: AgentService, secure: bool) -> None:
+    def __init__(self, service: AgentService, tls: TLSConfig) -> None:
         self.service = service
-        self.secure = secure
-        self.allowed = set(service.config.tls.allowed_identities)
+        self.tls = tls
         self.default_deadline = service.config.default_deadline_s
         self.cache = IdempotencyCache(service.config.request_id_ttl_s)
 
@@ -251,17 +241,14 @@ class ControlInterceptor(grpc.aio.ServerInterceptor):
         async def wrapped(request: Message, context: grpc.aio.ServicerContext) -> Message:
             code = grpc.StatusCode.OK
             try:
-                if self.secure:
-                    who = peer_identities(context)
-                    if not who & self.allowed:
-                        code = grpc.StatusCode.PERMISSION_DENIED
-                        log.warning(
-                            "agent.caller_refused",
-                            extra={"method": method, "identities": sorted(who)},
-                        )
-                        await context.abort(
-                            code, f"caller {sorted(who)} is not on this agent's allowlist"
-                        )
+                try:
+                    self.tls.authorize(context)
+                except PeerRejected as exc:
+                    code = grpc.StatusCode.PERMISSION_DENIED
+                    log.warning(
+                        "agent.caller_refused", extra={"method": method, "reason": str(exc)}
+                    )
+                    await context.abort(code, f"caller refused: {exc} of this agent")
                 remaining = context.time_remaining()
                 timeout = remaining if remaining is not None else self.default_deadline
 
@@ -295,20 +282,25 @@ class ControlInterceptor(grpc.aio.ServerInterceptor):
         )
 
 
-def server_credentials(config: AgentConfig) -> grpc.ServerCredentials:
-    """mTLS credentials: our cert/key, client certificates required and checked against tls.ca."""
-    return grpc.ssl_server_credentials(
-        [(Path(config.tls.key).read_bytes(), Path(config.tls.cert).read_bytes())],
-        root_certificates=Path(config.tls.ca).read_bytes(),
-        require_client_auth=True,
+def tls_config(config: AgentConfig) -> TLSConfig:
+    """The control API's TLS settings from the agent config (ValueError naming the field)."""
+    if config.insecure:
+        return TLSConfig.development()
+    return TLSConfig(
+        ca_file=Path(config.tls.ca),
+        cert_file=Path(config.tls.cert),
+        key_file=Path(config.tls.key),
+        # An empty allowlist refuses every caller (None would admit any CA-signed one).
+        allowed_peers=list(config.tls.allowed_identities),
     )
 
 
 async def start_server(service: AgentService) -> tuple[grpc.aio.Server, int]:
     """Build and start the control API server; returns it and the bound port."""
     config = service.config
+    tls = tls_config(config)
     server = grpc.aio.server(
-        interceptors=[ControlInterceptor(service, secure=not config.insecure)],
+        interceptors=[ControlInterceptor(service, tls)],
         options=[
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -319,10 +311,7 @@ async def start_server(service: AgentService) -> tuple[grpc.aio.Server, int]:
     pb_grpc.add_AgentControlServicer_to_server(AgentControlServicer(service), server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    if config.insecure:
-        port = server.add_insecure_port(config.listen)
-    else:
-        port = server.add_secure_port(config.listen, server_credentials(config))
+    port = tls.add_port(server, config.listen)
     await server.start()
     await health_servicer.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
     await health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)

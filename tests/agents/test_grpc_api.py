@@ -3,9 +3,11 @@ idempotency, authentication, bad input, supervision and heartbeats."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
+import threading
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +17,8 @@ import pytest
 from google.protobuf.struct_pb2 import Struct
 
 from agents.proto.api import pb
+from grpc_kv.receiver import ReceiverServer
+from grpc_kv.tls import TLSConfig
 from tests.agents.conftest import (
     AgentProc,
     FakeConsole,
@@ -289,7 +293,7 @@ def test_callers_without_an_allowed_certificate_are_refused(agent: AgentProc, pk
     with pytest.raises(grpc.RpcError) as err:
         stub(agent, pki, client="intruder").Status(pb.StatusRequest(), timeout=5)
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert "allowlist" in err.value.details()
+    assert err.value.details().startswith("caller refused: peer 'intruder' is not on the allowlist")
 
 
 def pb_stub(channel: grpc.Channel) -> Any:
@@ -354,3 +358,37 @@ def test_probe_rejects_bad_input(api: Any) -> None:
         api.Probe(pb.ProbeRequest(peer_site="remote", address="nowhere"), timeout=T)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.value.details().startswith("address: expected host:port")
+    with pytest.raises(grpc.RpcError) as err:
+        api.Probe(
+            pb.ProbeRequest(peer_site="remote", address="127.0.0.1:1", seconds=0.2), timeout=T
+        )
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert err.value.details().startswith("address: peer 127.0.0.1:1 did not answer the probe")
+
+
+@pytest.fixture
+def peer_receiver(pki: Pki) -> Iterator[int]:
+    """A real grpc_kv receiver (the peer site's kv-link) on its own loop in a thread, over
+    mTLS, admitting the agent's identity ``dec-1``."""
+    cert, key = pki.client("pre-1")
+    tls = TLSConfig(ca_file=pki.ca, cert_file=cert, key_file=key, allowed_peers=["dec-1"])
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = ReceiverServer("127.0.0.1:0", tls=tls)
+    port = asyncio.run_coroutine_threadsafe(server.start(), loop).result(30)
+    yield port
+    asyncio.run_coroutine_threadsafe(server.stop(0.5), loop).result(30)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+def test_probe_measures_bandwidth_and_rtt_to_a_peer(api: Any, peer_receiver: int) -> None:
+    request = pb.ProbeRequest(
+        peer_site="remote", address=f"127.0.0.1:{peer_receiver}", seconds=0.5, max_bytes=8 << 20
+    )
+    result = api.Probe(request, timeout=T)
+    assert result.peer_site == "remote"
+    assert result.bandwidth_mbit_s > 0
+    assert result.rtt_ms > 0
+    assert 0 < result.bytes <= (8 << 20) + (1 << 20)
