@@ -152,6 +152,10 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_celery_beat",
     "console.core",
+    "console.inventory",
+    "console.catalog",
+    "console.deployments",
+    "console.rollouts",
 ]
 
 MIDDLEWARE = [
@@ -239,6 +243,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "SiteRoleEnum": "console.inventory.choices.SiteRole",
+        "PoolRoleEnum": "console.deployments.choices.PoolRole",
+        "UserRoleEnum": "console.core.choices.Role",
+    },
 }
 
 LOGGING = {
