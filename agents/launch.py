@@ -8,6 +8,7 @@ engine code only when a child of that engine is launched.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -15,7 +16,7 @@ import re
 import socket
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from agents.config import CustomEngineConfig
 
@@ -110,13 +111,59 @@ class CustomEngineAdapter(ChildAdapter):
 _PLACEHOLDER = re.compile(r"\{([A-Za-z0-9_.-]+)\}")
 
 
-# Built-in adapters by name (engine name for engine kinds, the kind for kv-link / gateway).
-# Loaded lazily: importing the agent must not import engine or gateway code.
-ADAPTERS: dict[str, str] = {
-    "reference": "agents.engines:ReferenceEngineAdapter",
-    "vllm": "agents.engines:VllmEngineAdapter",
-    "kv-link": "grpc_kv.agent_adapter:KvLinkAdapter",
-    "gateway": "agents.gateway:GatewayAdapter",
+def health_host(host: str) -> str:
+    """Where the agent reaches a child bound to ``host`` (a wildcard means loopback)."""
+    return "127.0.0.1" if host in {"", "0.0.0.0", "::"} else host  # noqa: S104
+
+
+class EngineRegistryAdapter(ChildAdapter):
+    """Engine kinds through the engines' own adapter registry (``agents.engines.base``:
+    ``reference``, ``vllm``). ``settings`` are :class:`agents.engines.base.EngineSpec` fields
+    (``model`` required; ``role`` comes from the kind, ``port`` from the agent)."""
+
+    ROLES: ClassVar[dict[str, str]] = {"prefill-engine": "prefill", "decode-engine": "decode"}
+
+    def __init__(self, engine: str) -> None:
+        self.engine = engine
+
+    def plan(self, spec: ChildSpec, port: int, snapshot_path: str) -> LaunchPlan:
+        from agents.engines.base import AdapterError, EngineSpec, get_adapter
+
+        allowed = {f.name for f in dataclasses.fields(EngineSpec)} - {"role"}
+        values = {k: v for k, v in spec.settings.items() if k != "port"}
+        for key in sorted(values):
+            if key not in allowed:
+                raise LaunchError(f"settings.{key}", f"not a setting of the {self.engine} engine")
+        if "model" not in values:
+            raise LaunchError("settings.model", "required")
+        try:
+            engine_spec = EngineSpec(role=self.ROLES[spec.kind], port=port, **values)
+            adapter = get_adapter(self.engine)(engine_spec)
+            argv = adapter.command()
+            env = adapter.environment()
+        except AdapterError as exc:
+            name, _, message = str(exc).partition(": ")
+            raise LaunchError(name if name == "engine" else f"settings.{name}", message) from None
+        except TypeError as exc:  # a setting of the wrong shape (e.g. a list for a string)
+            raise LaunchError("settings", str(exc)) from None
+        if snapshot_path:
+            env["PDBRIDGE_CONFIG_SNAPSHOT"] = snapshot_path
+        base = f"http://{health_host(engine_spec.host)}:{port}"
+        return LaunchPlan(
+            argv=argv,
+            port=port,
+            health_url=f"{base}/health",
+            metrics_url=f"{base}/metrics",
+            env=env,
+        )
+
+
+# Built-in adapters by name (engine name for engine kinds, the kind for kv-link / gateway):
+# a factory ``module:attr`` and its argument. Loaded lazily: importing the agent must not
+# import engine or gateway code.
+ADAPTERS: dict[str, tuple[str, str]] = {
+    "reference": ("agents.launch:EngineRegistryAdapter", "reference"),
+    "vllm": ("agents.launch:EngineRegistryAdapter", "vllm"),
 }
 
 
@@ -125,9 +172,14 @@ def resolve_adapter(spec: ChildSpec, custom: dict[str, CustomEngineConfig]) -> C
     if spec.engine in custom:
         return CustomEngineAdapter(custom[spec.engine])
     key = spec.engine if spec.kind in ENGINE_KINDS else spec.kind
-    target = ADAPTERS.get(key)
-    if target is None:
-        raise LaunchError("engine", f"unknown engine {spec.engine!r}")
+    entry = ADAPTERS.get(key)
+    if entry is None:
+        if spec.kind in ENGINE_KINDS:
+            raise LaunchError("engine", f"unknown engine {spec.engine!r}")
+        raise LaunchError(
+            "kind", f"no adapter for {spec.kind!r} on this node", "FAILED_PRECONDITION"
+        )
+    target, argument = entry
     module_name, _, attr = target.partition(":")
     try:
         factory = getattr(importlib.import_module(module_name), attr)
@@ -138,7 +190,7 @@ def resolve_adapter(spec: ChildSpec, custom: dict[str, CustomEngineConfig]) -> C
             f"adapter {target} for {key!r} is not installed on this node",
             "FAILED_PRECONDITION",
         ) from None
-    adapter: ChildAdapter = factory()
+    adapter: ChildAdapter = factory(argument) if argument else factory()
     return adapter
 
 

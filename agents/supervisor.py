@@ -210,7 +210,12 @@ class Child:
     async def _spawn(self) -> None:
         plan = self.plan
         env = dict(os.environ)
-        env.update(plan.env)
+        for key, value in plan.env.items():
+            # Adapters remove an inherited variable by giving it an empty value.
+            if value == "":
+                env.pop(key, None)
+            else:
+                env[key] = value
         env["PDBRIDGE_CHILD_NAME"] = self.spec.name
         self.log.write(f"--- agent: starting {' '.join(plan.argv)}\n".encode())
         self.process = await asyncio.create_subprocess_exec(
