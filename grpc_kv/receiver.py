@@ -121,6 +121,9 @@ class _Servicer:
             except ChunkRejected as exc:
                 await self._invalid(context, exc)
                 return
+            except BeginRefused as exc:
+                await context.abort(exc.code, exc.detail)
+                return
             yield pb.Ack(
                 seq=chunk.seq, status=status, contiguous=transfer.contiguous, detail=detail
             ).SerializeToString()

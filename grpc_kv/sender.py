@@ -372,6 +372,8 @@ class Transfer:
         self._done = True
         self._fail(TransferError(reason))
         await self._stop_workers()
+        if not self._active:  # never begun: nothing to free on the receiver
+            return
         with contextlib.suppress(grpc.aio.AioRpcError):
             await self.link.unary(0, "Cancel", pb.CancelReply)(
                 pb.CancelRequest(transfer_id=self.header.transfer_id, reason=reason),

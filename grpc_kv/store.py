@@ -262,9 +262,13 @@ class TransferStore:
         transfer = self.transfers.get(transfer_id)
         if transfer is None or transfer.header is None:
             ended = self._ended.get(transfer_id)
-            raise ChunkRejected(
-                f"transfer {transfer_id!r} "
-                + (f"has ended ({ended})" if ended else "was never begun")
+            if ended:
+                raise BeginRefused(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"transfer {transfer_id!r} has ended ({ended})",
+                )
+            raise BeginRefused(
+                grpc.StatusCode.NOT_FOUND, f"transfer {transfer_id!r} was never begun"
             )
         return transfer
 
@@ -290,6 +294,10 @@ class TransferStore:
             )
         if (
             not transfer.discard
+            # The chunk a consumer is blocked on is always admitted (at most one chunk over
+            # the budget per transfer); refusing it while later chunks fill the budget
+            # would deadlock delivery, which is strictly in order.
+            and not (chunk.seq == transfer.contiguous == transfer.delivered)
             and self.memory_in_use + chunk.raw_length > self.options.memory_budget_bytes
         ):
             return "busy"
