@@ -109,17 +109,32 @@ class PeerConfig:
 
 
 @dataclass
+class ProxyConfig:
+    listen: str = _doc(
+        "host:port the agent's fault proxy listens on (kv-link senders dial it).", default=""
+    )
+    upstream: str = _doc(
+        "host:port of the peer site's kv-link receiver behind the proxy.", default=""
+    )
+
+
+@dataclass
 class FaultsConfig:
     max_duration_s: float = _doc("Longest expiry a fault may carry.", default=3600.0)
     mechanism: str = _doc(
         "How link faults act: ``interface`` (``ip link set DEV down``, root), ``route`` "
-        "(blackhole routes to the peer's addresses, root) or ``auto`` (route if the peer has "
-        "addresses, else interface).",
+        "(blackhole routes to the peer's addresses, root), ``proxy`` (the userspace fault "
+        "proxy of ``faults.proxies``) or ``auto`` (kernel when root and configured: route if "
+        "the peer has addresses, else interface; otherwise the proxy).",
         default="auto",
     )
     wan_interface: str = _doc("Default WAN interface used by ``link_*`` faults.", default="")
     wan_netns: str = _doc(
         "Network namespace holding the WAN interface (empty: the agent's own).", default=""
+    )
+    proxies: dict[str, ProxyConfig] = _doc(
+        "Userspace fault proxies by peer site, started with the agent (``faults.proxies.<site>.listen`` / ``.upstream``).",
+        default_factory=dict,
     )
     peers: dict[str, PeerConfig] = _doc(
         "Peer sites by name (``faults.peers.<site>.addresses`` / ``.interface``).",
@@ -201,8 +216,11 @@ class AgentConfig:
                     raise ConfigError(f"tls.{key}: no such file {path!r}")
         if self.console.url and not self.console.url.startswith(("http://", "https://")):
             raise ConfigError("console.url: must start with http:// or https://")
-        if self.faults.mechanism not in {"auto", "interface", "route"}:
-            raise ConfigError("faults.mechanism: one of auto, interface, route")
+        if self.faults.mechanism not in {"auto", "interface", "route", "proxy"}:
+            raise ConfigError("faults.mechanism: one of auto, interface, route, proxy")
+        for site, proxy in self.faults.proxies.items():
+            split_host_port(proxy.listen, f"faults.proxies.{site}.listen")
+            split_host_port(proxy.upstream, f"faults.proxies.{site}.upstream")
         for name, engine in self.engines.items():
             if not engine.argv:
                 raise ConfigError(f"engines.{name}.argv: required")

@@ -29,6 +29,7 @@ from agents.faults.manager import FaultManager, Journal
 from agents.launch import ChildSpec, LaunchError, pick_port, resolve_adapter, validate_spec
 from agents.metrics import AgentMetrics, metrics_app
 from agents.supervisor import STATES, Child, ChildEvents
+from grpc_kv.faultproxy import FaultProxy
 from pdbridge import __version__
 
 log = logging.getLogger("pdbridge.agent")
@@ -79,9 +80,10 @@ class AgentService:
         self.children: dict[str, Child] = {}
         self.metrics = AgentMetrics()
         self.console = ConsoleClient(config.console, config.node_token())
+        self.proxies: dict[str, FaultProxy] = {}
         self.faults = FaultManager(
             Journal(self.state_dir / "faults.json"),
-            FaultContext(config.faults, self.children),
+            FaultContext(config.faults, self.children, self.proxies),
             config.faults.max_duration_s,
         )
         self.groups = procs.GroupRecord(self.state_dir / "children.json")
@@ -105,6 +107,10 @@ class AgentService:
         start the heartbeat loop and the metrics endpoint."""
         (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         procs.reap_recorded_groups(self.groups.path)
+        for site, proxy_config in self.config.faults.proxies.items():
+            proxy = FaultProxy(upstream=proxy_config.upstream, listen=proxy_config.listen)
+            await proxy.start()
+            self.proxies[site] = proxy
         restored = await self.faults.start()
         if restored:
             log.warning("agent.restored_journalled_faults", extra={"count": restored})
@@ -122,9 +128,9 @@ class AgentService:
             )
             self._runner = web.AppRunner(app, access_log=None)
             await self._runner.setup()
-            site = web.TCPSite(self._runner, host, port)
-            await site.start()
-            server = site._server
+            tcp_site = web.TCPSite(self._runner, host, port)
+            await tcp_site.start()
+            server = tcp_site._server
             sockets = getattr(server, "sockets", None) or []
             self.metrics_port = sockets[0].getsockname()[1] if sockets else port
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agents.config import FaultsConfig
     from agents.supervisor import Child
+    from grpc_kv.faultproxy import FaultProxy, Toxic
 
 
 class FaultError(Exception):
@@ -52,11 +53,19 @@ class Fault:
 
 
 class FaultContext:
-    """What injectors may touch: the faults config and the agent's children by name."""
+    """What injectors may touch: the faults config, the agent's children by name, its fault
+    proxies by peer site, and the proxy toxics each active fault added (by fault id)."""
 
-    def __init__(self, config: FaultsConfig, children: dict[str, Child]) -> None:
+    def __init__(
+        self,
+        config: FaultsConfig,
+        children: dict[str, Child],
+        proxies: dict[str, FaultProxy] | None = None,
+    ) -> None:
         self.config = config
         self.children = children
+        self.proxies: dict[str, FaultProxy] = proxies if proxies is not None else {}
+        self.toxics: dict[str, list[Toxic]] = {}
 
 
 class FaultInjector:

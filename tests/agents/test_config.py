@@ -50,7 +50,7 @@ def test_yaml_and_environment_overrides(tmp_path: Path) -> None:
         ("node: {name: n, site: s}\ninsecure: yes-please\n", "insecure: expected true or false"),
         (
             "node: {name: n, site: s}\ninsecure: true\nfaults: {mechanism: magic}\n",
-            "faults.mechanism: one of auto, interface, route",
+            "faults.mechanism: one of auto, interface, route, proxy",
         ),
         (
             "node: {name: n, site: s}\ninsecure: true\nengines: {e: {argv: []}}\n",
