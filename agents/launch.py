@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from agents.config import CustomEngineConfig
+from agents.config import AgentConfig, CustomEngineConfig
 
 KINDS = ("prefill-engine", "decode-engine", "kv-link", "gateway")
 ENGINE_KINDS = ("prefill-engine", "decode-engine")
@@ -123,7 +123,7 @@ class EngineRegistryAdapter(ChildAdapter):
 
     ROLES: ClassVar[dict[str, str]] = {"prefill-engine": "prefill", "decode-engine": "decode"}
 
-    def __init__(self, engine: str) -> None:
+    def __init__(self, engine: str, config: AgentConfig) -> None:
         self.engine = engine
 
     def plan(self, spec: ChildSpec, port: int, snapshot_path: str) -> LaunchPlan:
@@ -164,13 +164,16 @@ class EngineRegistryAdapter(ChildAdapter):
 ADAPTERS: dict[str, tuple[str, str]] = {
     "reference": ("agents.launch:EngineRegistryAdapter", "reference"),
     "vllm": ("agents.launch:EngineRegistryAdapter", "vllm"),
+    "kv-link": ("agents.components:KvLinkAdapter", ""),
+    "gateway": ("agents.components:GatewayAdapter", ""),
 }
 
 
-def resolve_adapter(spec: ChildSpec, custom: dict[str, CustomEngineConfig]) -> ChildAdapter:
-    """The adapter for ``spec``; raises LaunchError (field ``engine``/``kind``) if none."""
-    if spec.engine in custom:
-        return CustomEngineAdapter(custom[spec.engine])
+def resolve_adapter(spec: ChildSpec, config: AgentConfig) -> ChildAdapter:
+    """The adapter for ``spec``; raises LaunchError (field ``engine``/``kind``) if none.
+    Factories are called as ``factory(argument, config)``."""
+    if spec.engine in config.engines:
+        return CustomEngineAdapter(config.engines[spec.engine])
     key = spec.engine if spec.kind in ENGINE_KINDS else spec.kind
     entry = ADAPTERS.get(key)
     if entry is None:
@@ -190,7 +193,7 @@ def resolve_adapter(spec: ChildSpec, custom: dict[str, CustomEngineConfig]) -> C
             f"adapter {target} for {key!r} is not installed on this node",
             "FAILED_PRECONDITION",
         ) from None
-    adapter: ChildAdapter = factory(argument) if argument else factory()
+    adapter: ChildAdapter = factory(argument, config)
     return adapter
 
 

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import shutil
+import ssl
 import subprocess
 import time
 from pathlib import Path
@@ -98,7 +99,14 @@ class AgentService:
     @property
     def http(self) -> aiohttp.ClientSession:
         if self._http is None:
-            self._http = aiohttp.ClientSession()
+            # Children served over TLS (the gateway) present this node's certificate and
+            # may require ours: trust the node CA and present the node certificate.
+            connector = None
+            if not self.config.insecure:
+                context = ssl.create_default_context(cafile=self.config.tls.ca)
+                context.load_cert_chain(self.config.tls.cert, self.config.tls.key)
+                connector = aiohttp.TCPConnector(ssl=context)
+            self._http = aiohttp.ClientSession(connector=connector)
         return self._http
 
     # ---- life cycle ------------------------------------------------------------------
@@ -162,7 +170,7 @@ class AgentService:
                 spec.deployment_id, spec.config_version, self.state_dir
             )
             snapshot = str(path)
-        adapter = resolve_adapter(spec, self.config.engines)
+        adapter = resolve_adapter(spec, self.config)
         port = pick_port(spec.settings.get("port"))
         plan = adapter.plan(spec, port, snapshot)
         return Child(

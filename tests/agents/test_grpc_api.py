@@ -392,3 +392,28 @@ def test_probe_measures_bandwidth_and_rtt_to_a_peer(api: Any, peer_receiver: int
     assert result.bandwidth_mbit_s > 0
     assert result.rtt_ms > 0
     assert 0 < result.bytes <= (8 << 20) + (1 << 20)
+
+
+def test_kv_link_launch_then_probe_it_over_mtls(api: Any) -> None:
+    request = pb.LaunchRequest(
+        request_id=os.urandom(8).hex(),
+        name="kv",
+        kind="kv-link",
+        settings=settings(host="127.0.0.1", allow_peers=["dec-1"], memory_budget_mb=64),
+    )
+    child = api.Launch(request, timeout=T).child
+    assert child.state == "running"
+    assert child.healthy
+    probe = pb.ProbeRequest(
+        peer_site="local", address=f"127.0.0.1:{child.port}", seconds=0.3, max_bytes=4 << 20
+    )
+    result = api.Probe(probe, timeout=T)
+    assert result.bandwidth_mbit_s > 0
+    assert result.rtt_ms > 0
+    with pytest.raises(grpc.RpcError) as err:
+        bad = pb.LaunchRequest(
+            request_id=os.urandom(8).hex(), name="kv2", kind="kv-link", settings=settings(ttl_s=-1)
+        )
+        api.Launch(bad, timeout=T)
+    assert err.value.details() == "settings.ttl_s: must be a positive number"
+    api.Stop(pb.StopRequest(request_id=os.urandom(8).hex(), name="kv"), timeout=T)
