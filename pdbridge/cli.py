@@ -17,6 +17,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "start the embedded console (SQLite, no Redis) and print its URL",
     ),
+    "gateway": (
+        "agents.gateway.cli",
+        "main",
+        "run the OpenAI-compatible gateway for a deployment (routing, fallback, breakers)",
+    ),
     "console": (
         "pdbridge.console_cli",
         "main",

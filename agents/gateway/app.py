@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import ssl
 import time
 import uuid
 from typing import Any
@@ -30,6 +31,9 @@ from agents.gateway.proxy import LegError, Upstream, first_chunk, leg_body, rela
 from agents.gateway.state import Router
 
 log = logging.getLogger("pdbridge.gateway")
+
+GATEWAY_KEY = web.AppKey("gateway", object)
+RAW_BODY_KEY = web.RequestKey("raw_body", bytes)
 
 ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -49,11 +53,16 @@ def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> we
 class Gateway:
     """Request handling. One instance per process; holds the router, budget, metrics, client."""
 
-    def __init__(self, settings: GatewaySettings, router: Router | None = None) -> None:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        router: Router | None = None,
+        upstream_ssl: ssl.SSLContext | None = None,
+    ) -> None:
         self.settings = settings
         self.router = router or Router(settings)
         self.metrics = GatewayMetrics()
-        self.upstream = Upstream(settings.connect_timeout_s)
+        self.upstream = Upstream(settings.connect_timeout_s, upstream_ssl)
         self.budget = FallbackBudget(
             rate=settings.fallback_rate_per_s,
             burst=settings.fallback_burst,
@@ -198,7 +207,7 @@ class Gateway:
             ) from error
         parsed = parse_request(kind, body, config.model_name)
         # The local path forwards the client's bytes unchanged (no re-encoding).
-        request["raw_body"] = raw
+        request[RAW_BODY_KEY] = raw
         return body, parsed
 
     async def _prompt_tokens(
@@ -252,7 +261,7 @@ class Gateway:
                     kind, body, parsed, config, decision, decode, request_id
                 )
             else:
-                raw = request.get("raw_body") or json.dumps(body).encode()
+                raw = request.get(RAW_BODY_KEY) or json.dumps(body).encode()
                 try:
                     upstream = await self.upstream.open(
                         f"{decode.url}{ROUTES[kind]}",
@@ -491,5 +500,5 @@ def build_app(gateway: Gateway) -> web.Application:
         await gateway.upstream.close()
 
     app.on_cleanup.append(close_upstream)
-    app["gateway"] = gateway
+    app[GATEWAY_KEY] = gateway
     return app

@@ -13,6 +13,7 @@ Failures surface as :class:`LegError` with a ``cause`` the handler maps to fallb
 from __future__ import annotations
 
 import json
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -39,8 +40,10 @@ class LegError(Exception):
 class Upstream:
     """The HTTP client for engine legs (one per gateway process, event-loop only)."""
 
-    def __init__(self, connect_timeout_s: float) -> None:
+    def __init__(self, connect_timeout_s: float, ssl_context: ssl.SSLContext | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
+        # For https engine URLs: a CA bundle and client certificate (mTLS); None: system CAs.
+        self.ssl: ssl.SSLContext | bool = ssl_context or True
         self._session: aiohttp.ClientSession | None = None
 
     @property
@@ -70,7 +73,9 @@ class Upstream:
         headers = {**_HEADERS, "X-Request-Id": request_id}
         timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=self.connect_timeout_s)
         try:
-            response = await self.session.post(url, data=body, headers=headers, timeout=timeout)
+            response = await self.session.post(
+                url, data=body, headers=headers, timeout=timeout, ssl=self.ssl
+            )
         except TimeoutError as error:
             raise LegError("timeout") from error
         except aiohttp.ClientError as error:
