@@ -343,10 +343,13 @@ class Gateway:
             "transfer_id": transfer_id,
             "kv_destination": decode.kv_address,
         }
+        # deadline_s: how long the decode engine waits for the KV before answering its
+        # distinct KV error (the gateway then falls back).
         decode_kv = {
             "do_remote_prefill": True,
             "do_remote_decode": False,
             "transfer_id": transfer_id,
+            "deadline_s": config.kv_timeout_ms / 1000,
         }
         self.router.note_remote_tokens(site, decision.incremental_tokens)
         self.router.begin(prefill.url, site)

@@ -21,7 +21,7 @@ by local prefill as a **fallback**, which the fallback budget bounds.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -139,9 +139,10 @@ def decide(
     key: str,
     prompt_tokens: int,
     cached_tokens: int,
-    sites: Sequence[SiteView],
+    sites: Sequence[SiteView] | Callable[[], Sequence[SiteView]],
 ) -> Decision:
-    """Route one request; see the module docstring for the rules. Never raises."""
+    """Route one request; see the module docstring for the rules. Never raises. ``sites`` may
+    be a function, called only when rules 1-3 pass (most requests never need the site view)."""
     incremental = max(prompt_tokens - max(cached_tokens, 0), 0)
     threshold = policy.threshold_tokens
     if policy.kill_switch:
@@ -150,7 +151,7 @@ def decide(
         return Decision("local", "share", None, incremental, threshold)
     if incremental < threshold:
         return Decision("local", "below_threshold", None, incremental, threshold)
-    site, reason = choose_site(sites)
+    site, reason = choose_site(sites() if callable(sites) else sites)
     if site is None:
         return Decision("local", reason, None, incremental, threshold, wants_remote=True)
     return Decision("remote", "remote", site.name, incremental, threshold)

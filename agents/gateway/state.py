@@ -125,8 +125,7 @@ class Router:
             remote_share_percent=config.remote_share_percent,
             threshold_tokens=self.tuner.effective(config.threshold_tokens),
         )
-        views = self.site_views(config) if config.prefill else []
-        return decide(policy, key, prompt_tokens, cached_tokens, views)
+        return decide(policy, key, prompt_tokens, cached_tokens, lambda: self.site_views(config))
 
     # -- instance choice -----------------------------------------------------------------
     def acquire_prefill(self, config: DeploymentConfig, site_name: str) -> Instance | None:
