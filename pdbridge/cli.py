@@ -27,6 +27,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "Django management commands for the console (migrate, createsuperuser, ...)",
     ),
+    "engine": (
+        "agents.engines.cli",
+        "main",
+        "reference engine: serve, build zoo weights; print vLLM command lines",
+    ),
+    "verify": (
+        "agents.engines.verify",
+        "main",
+        "token-by-token verification of remote prefill + local decode against local runs",
+    ),
 }
 
 

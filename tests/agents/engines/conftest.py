@@ -1,0 +1,125 @@
+"""Shared fixtures of the engine tests: generated zoo weights and long-lived engine processes
+(process start is ~5 s, so they are session-scoped and every test reuses them)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support import subprocess_env
+
+ARCHS = ("qwen3-next", "gemma3", "kimi-linear", "dense")
+#: Prefill chunk used by the test engines: small, so prompts span several chunks.
+CHUNK = 64
+#: Every zoo architecture in fp32 and bf16, served by each test engine.
+MODEL_SPECS = [f"{a}={a}" for a in ARCHS] + [f"{a}-bf16={a}@bfloat16" for a in ARCHS]
+
+
+@pytest.fixture(scope="session")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@dataclass
+class EngineProc:
+    """A running ``pdbridge engine serve`` child process."""
+
+    proc: subprocess.Popen[str]
+    url: str
+    ready: dict
+    log: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_engine(args: list[str], log: Path, timeout: float = 120.0) -> EngineProc:
+    """Start an engine and wait for its ready line (which carries the ephemeral port)."""
+    stderr = log.open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pdbridge.cli", "engine", "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        env=subprocess_env(),
+    )
+    box: dict[str, str] = {}
+
+    def read() -> None:
+        assert proc.stdout is not None
+        box["line"] = proc.stdout.readline()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout)
+    line = box.get("line", "")
+    if not line:
+        proc.kill()
+        raise RuntimeError(f"engine did not start: {log.read_text()[-2000:]}")
+    ready = json.loads(line)
+    return EngineProc(proc, f"http://127.0.0.1:{ready['port']}", ready, log)
+
+
+@pytest.fixture(scope="session")
+def spool(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("spool")
+
+
+@pytest.fixture(scope="session")
+def engine_pair(
+    models_dir: Path, spool: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[EngineProc, EngineProc]]:
+    """A prefill-side engine (role both) and a decode engine receiving KV from ``spool``,
+    both serving every zoo model in fp32 and bf16 with the same chunk and thread count."""
+    logs = tmp_path_factory.mktemp("logs")
+    models = [a for spec in MODEL_SPECS for a in ("--model", spec)]
+    common = [
+        *models,
+        "--models-dir",
+        str(models_dir),
+        "--chunked-prefill-tokens",
+        str(CHUNK),
+        "--threads",
+        "1",
+    ]
+    # Build the weights once before two processes race to write them.
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pdbridge.cli",
+            "engine",
+            "build",
+            *ARCHS,
+            "--models-dir",
+            str(models_dir),
+        ],
+        check=True,
+        env=subprocess_env(),
+        capture_output=True,
+        timeout=180,
+    )
+    prefill = start_engine([*common, "--role", "both"], logs / "prefill.log")
+    try:
+        decode = start_engine(
+            [*common, "--role", "decode", "--kv-spool", str(spool)], logs / "decode.log"
+        )
+    except BaseException:
+        prefill.stop()
+        raise
+    yield prefill, decode
+    prefill.stop()
+    decode.stop()
