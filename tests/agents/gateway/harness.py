@@ -111,6 +111,22 @@ async def gateway_env(
         await prefill.stop()
 
 
+@asynccontextmanager
+async def serving(
+    data: dict[str, Any], settings: GatewaySettings = FAST
+) -> AsyncIterator[tuple[RunningGateway, aiohttp.ClientSession, str]]:
+    """A gateway serving a given snapshot (engines started by the caller)."""
+    gateway = Gateway(settings)
+    gateway.apply(parse_snapshot(data))
+    running = await start(gateway)
+    client = aiohttp.ClientSession()
+    try:
+        yield running, client, f"http://127.0.0.1:{running.port}"
+    finally:
+        await client.close()
+        await running.stop()
+
+
 def sse_text(raw: bytes) -> str:
     """The concatenated text of an SSE completions stream."""
     out = []
