@@ -43,5 +43,9 @@ bench: bench-planner
 bench-planner: $(STAMP)
 	$(PY) -m bench.planner
 
+## Generated gRPC stubs of the KV link (also generated on first import when missing).
+protos: $(STAMP)
+	$(PY) -m grpc_kv.protocol
+
 clean-venv:
 	rm -rf $(VENV)

@@ -37,6 +37,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "token-by-token verification of remote prefill + local decode against local runs",
     ),
+    "kv": (
+        "grpc_kv.cli",
+        "main",
+        "the cross-datacenter KV link: serve, probe, loopback, certs, proxy",
+    ),
 }
 
 

@@ -114,10 +114,14 @@ async def _completion(client, url: str, body: dict[str, Any]) -> tuple[int, str,
     if not done:
         return 598, path, {"raw": raw.decode()}
     prompt_len = len(body["prompt"])
-    return 200, path, {
-        "choices": [{"token_ids": ids, "logits_digests": digests}],
-        "usage": {"prompt_tokens": prompt_len},
-    }
+    return (
+        200,
+        path,
+        {
+            "choices": [{"token_ids": ids, "logits_digests": digests}],
+            "usage": {"prompt_tokens": prompt_len},
+        },
+    )
 
 
 @pytest.mark.parametrize("stream", [False, True])
