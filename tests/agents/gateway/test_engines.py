@@ -257,3 +257,70 @@ def test_fallback_budget_with_remote_down_gives_503_and_retry_after(engines):
         assert json.loads(raw)["error"]["code"] == "fallback_budget_exhausted"
     for _, headers, _ in served:
         assert headers["x-pdbridge-path"] == "fallback"
+
+
+@pytest.mark.parametrize("mode", ["blackhole", "reset"])
+def test_link_cut_during_load_fails_no_request_and_traffic_returns(engines, mode):
+    """The WAN path to the remote site goes through a userspace fault proxy (grpc_kv's); it is
+    cut mid-traffic (``blackhole``: a dead link, legs hang until their timeout; ``reset``:
+    connections torn down), then restored. With the engines' spool transport only the
+    prefill leg crosses the proxy, which is the leg the gateway sees fail on a cut."""
+    from grpc_kv.faultproxy import FaultProxy
+
+    prefill, decode, spool, _ = engines
+    settings = replace(SETTINGS, prefill_timeout_s=1.5)
+    results: list[tuple[float, int, str]] = []
+    marks: dict[str, Any] = {}
+
+    async def scenario():
+        proxy = FaultProxy(upstream=prefill.url.removeprefix("http://"))
+        port = await proxy.start()
+        data = _snapshot(decode, f"http://127.0.0.1:{port}", spool)
+        try:
+            async with serving(data, settings) as (running, client, url):
+                stop = asyncio.Event()
+
+                async def load(i: int) -> None:
+                    n = 0
+                    while not stop.is_set():
+                        n += 1
+                        body = {"model": "tiny", "prompt": make_prompt(150, seed=i * 1000 + n),
+                                "max_tokens": 6, "temperature": 0, "stream": True}  # fmt: skip
+                        status, path, _ = await _completion(client, url, body)
+                        results.append((time.monotonic(), status, path))
+
+                async def chaos() -> None:
+                    await asyncio.sleep(1.5)
+                    proxy.cut(mode)
+                    marks["cut"] = time.monotonic()
+                    await asyncio.sleep(3.0)
+                    marks["breaker"] = running.gateway.router.site_breakers[
+                        "remote"
+                    ].total_ejections
+                    proxy.restore()
+                    marks["restored"] = time.monotonic()
+                    deadline = time.monotonic() + 20
+                    while time.monotonic() < deadline:
+                        if any(t > marks["restored"] and p == "remote" for t, _, p in results):
+                            break
+                        await asyncio.sleep(0.05)
+                    stop.set()
+
+                await asyncio.gather(chaos(), *(load(i) for i in range(3)))
+                async with client.get(url + "/metrics") as r:
+                    marks["metrics"] = await r.text()
+        finally:
+            await proxy.stop()
+
+    asyncio.run(scenario())
+
+    assert [r for r in results if r[1] != 200] == []
+    assert "remote" in {p for t, _, p in results if t < marks["cut"]}
+    assert "fallback" in {p for t, _, p in results if marks["cut"] < t < marks["restored"]}
+    assert marks["breaker"] >= 1
+    back = [t for t, _, p in results if t > marks["restored"] and p == "remote"]
+    assert back, "traffic did not return to the remote path after the link came back"
+    print(
+        f"\nlink cut ({mode}): {len(results)} requests, 0 failed, "
+        f"back to remote {back[0] - marks['restored']:.2f} s after restore"
+    )
