@@ -27,6 +27,7 @@ from agents.gateway.decision import Decision
 from agents.gateway.logs import request_id_var
 from agents.gateway.metrics import GatewayMetrics
 from agents.gateway.openai import Kind, ParsedRequest, RequestError, error_body, parse_request
+from agents.gateway.prefix import PrefixIndex
 from agents.gateway.proxy import LegError, Upstream, first_chunk, leg_body, relay
 from agents.gateway.state import Router
 
@@ -63,6 +64,11 @@ class Gateway:
         self.router = router or Router(settings)
         self.metrics = GatewayMetrics()
         self.upstream = Upstream(settings.connect_timeout_s, upstream_ssl)
+        block = settings.prefix_block_tokens
+        self.prefix_text = PrefixIndex(
+            max(int(block * settings.chars_per_token), 1), settings.prefix_index_blocks
+        )
+        self.prefix_ids = PrefixIndex(block, settings.prefix_index_blocks)
         self.budget = FallbackBudget(
             rate=settings.fallback_rate_per_s,
             burst=settings.fallback_burst,
@@ -168,7 +174,7 @@ class Gateway:
                 "context_length_exceeded",
             )
             return _json(400, too_long.body(), base_headers)
-        decision = self.router.decide(config, key, prompt_tokens)
+        decision = self.router.decide(config, key, prompt_tokens, self._cached_tokens(parsed))
         self.metrics.decision(decision.path, decision.reason)
         if decision.path == "remote":
             try:
@@ -209,6 +215,21 @@ class Gateway:
         # The local path forwards the client's bytes unchanged (no re-encoding).
         request[RAW_BODY_KEY] = raw
         return body, parsed
+
+    def _cached_tokens(self, parsed: ParsedRequest) -> int:
+        """Estimated tokens of the prompt already cached at the decode pool (0 when the
+        estimate is off); the prompt is remembered for the requests that follow."""
+        if not self.settings.prefix_cache_estimate:
+            return 0
+        if parsed.token_ids is not None:
+            cached = self.prefix_ids.cached_units(parsed.token_ids)
+            self.prefix_ids.remember(parsed.token_ids)
+            return cached
+        if not parsed.text:
+            return 0
+        cached_chars = self.prefix_text.cached_units(parsed.text)
+        self.prefix_text.remember(parsed.text)
+        return int(cached_chars / self.settings.chars_per_token)
 
     async def _prompt_tokens(
         self, parsed: ParsedRequest, config: DeploymentConfig, request_id: str

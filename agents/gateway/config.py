@@ -262,6 +262,13 @@ class GatewaySettings:
     #: the threshold.
     chars_per_token: float = 4.0
     tokenize: bool = False
+    #: Prefix-cache awareness: estimate the decode pool's cached prefix of each prompt from
+    #: the prompts recently sent there (blocks of ``prefix_block_tokens``, at most
+    #: ``prefix_index_blocks`` remembered) and route on the uncached remainder only. Off by
+    #: default: right only when the decode engines cache prefixes (vLLM's prefix caching).
+    prefix_cache_estimate: bool = False
+    prefix_block_tokens: int = 64
+    prefix_index_blocks: int = 200_000
     #: Largest request body accepted (bytes); longer prompts than the model allows get 400.
     max_body_bytes: int = 16 * 1024 * 1024
     #: Header whose value is the sticky key (else the body's ``user``, else the request id).

@@ -57,6 +57,7 @@ class ParsedRequest:
     max_tokens: int | None
     user: str | None
     text: str | None
+    token_ids: list[int] | None = None
 
 
 def _int(body: Mapping[str, Any], key: str, low: int) -> int | None:
@@ -83,20 +84,24 @@ def _float(body: Mapping[str, Any], key: str, low: float, high: float) -> None:
         )
 
 
-def _prompt(value: Any) -> tuple[int, int | None, str | None]:
-    """(characters, token count if token ids, text) of a completions ``prompt``."""
+def _ids(value: list[Any]) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+
+
+def _prompt(value: Any) -> tuple[int, list[int] | None, str | None]:
+    """(characters, token ids if given as ids, text) of a completions ``prompt``."""
     if isinstance(value, str):
         if not value:
             raise RequestError(400, "'prompt' must not be empty", "prompt", "invalid_value")
         return len(value), None, value
     if isinstance(value, list) and value:
-        if all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value):
-            return 0, len(value), None
+        if _ids(value):
+            return 0, value, None
         if all(isinstance(p, str) for p in value):
             text = "".join(value)
             return len(text), None, text
-        if all(isinstance(p, list) and p and all(isinstance(t, int) for t in p) for p in value):
-            return 0, sum(len(p) for p in value), None
+        if all(isinstance(p, list) and p and _ids(p) for p in value):
+            return 0, [t for p in value for t in p], None
     raise RequestError(
         400,
         "'prompt' must be a non-empty string, list of strings, or list of token ids",
@@ -152,11 +157,11 @@ def parse_request(kind: Kind, body: Any, model_name: str) -> ParsedRequest:
     if kind == "completions":
         if "prompt" not in body:
             raise RequestError(400, "'prompt' is required", "prompt", "invalid_value")
-        chars, tokens, text = _prompt(body["prompt"])
+        chars, ids, text = _prompt(body["prompt"])
         max_tokens = _int(body, "max_tokens", 1)
     else:
         chars, text = _messages(body.get("messages"))
-        tokens = None
+        ids = None
         max_tokens = _int(body, "max_completion_tokens", 1) or _int(body, "max_tokens", 1)
     _int(body, "n", 1)
     _int(body, "min_tokens", 0)
@@ -173,8 +178,9 @@ def parse_request(kind: Kind, body: Any, model_name: str) -> ParsedRequest:
     return ParsedRequest(
         stream=stream,
         prompt_chars=chars,
-        prompt_tokens=tokens,
+        prompt_tokens=None if ids is None else len(ids),
         max_tokens=max_tokens,
         user=user if isinstance(user, str) and user else None,
         text=text,
+        token_ids=ids,
     )
