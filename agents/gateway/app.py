@@ -16,6 +16,7 @@ import logging
 import ssl
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -45,6 +46,20 @@ class Fallback(Exception):
     def __init__(self, cause: str) -> None:
         super().__init__(cause)
         self.cause = cause
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One request as the serving methods need it."""
+
+    request: web.Request
+    kind: Kind
+    arrived: float
+    request_id: str
+    body: dict[str, Any]
+    parsed: ParsedRequest
+    config: DeploymentConfig
+    decision: Decision
 
 
 def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> web.Response:
@@ -176,22 +191,17 @@ class Gateway:
             return _json(400, too_long.body(), base_headers)
         decision = self.router.decide(config, key, prompt_tokens, self._cached_tokens(parsed))
         self.metrics.decision(decision.path, decision.reason)
+        call = _Call(request, kind, arrived, request_id, body, parsed, config, decision)
         if decision.path == "remote":
             try:
-                return await self._serve(
-                    request, arrived, "remote", body, parsed, config, decision, request_id
-                )
+                return await self._serve(call, "remote")
             except Fallback as fallback:
                 cause = fallback.cause
         elif decision.wants_remote:
             cause = decision.reason
         else:
-            return await self._serve(
-                request, arrived, "local", body, parsed, config, decision, request_id
-            )
-        return await self._fallback(
-            request, arrived, cause, body, parsed, config, decision, request_id
-        )
+            return await self._serve(call, "local")
+        return await self._fallback(call, cause)
 
     async def _read(
         self, request: web.Request, kind: Kind, config: DeploymentConfig
@@ -258,31 +268,19 @@ class Gateway:
             return estimate
 
     # -- serving -------------------------------------------------------------------------
-    async def _serve(
-        self,
-        request: web.Request,
-        arrived: float,
-        path: str,
-        body: dict[str, Any],
-        parsed: ParsedRequest,
-        config: DeploymentConfig,
-        decision: Decision,
-        request_id: str,
-    ) -> web.StreamResponse:
+    async def _serve(self, call: _Call, path: str) -> web.StreamResponse:
         """Serve on ``path``: the remote legs, or one local leg (``local``/``fallback``).
         Raises :class:`Fallback` from the remote path before anything reached the client."""
-        kind = _kind(request)
+        request, request_id, kind, config = call.request, call.request_id, call.kind, call.config
         decode = self.router.pick_decode(config)
         self.metrics.begin(path)
         self.router.begin(decode.url)
         outcome, ttft, tpot = "upstream_error", None, None
         try:
             if path == "remote":
-                upstream, first = await self._remote_legs(
-                    kind, body, parsed, config, decision, decode, request_id
-                )
+                upstream, first = await self._remote_legs(call, decode)
             else:
-                raw = request.get(RAW_BODY_KEY) or json.dumps(body).encode()
+                raw = request.get(RAW_BODY_KEY) or json.dumps(call.body).encode()
                 try:
                     upstream = await self.upstream.open(
                         f"{decode.url}{ROUTES[kind]}",
@@ -313,7 +311,7 @@ class Gateway:
             headers = {"x-request-id": request_id, "x-pdbridge-path": path}
             response, result = await relay(request, upstream, first, headers)
             outcome = "ok" if result.ok else "upstream_error"
-            ttft = result.first_at - arrived
+            ttft = result.first_at - call.arrived
             if result.events > 1:
                 tpot = (result.last_at - result.first_at) / (result.events - 1)
             return response
@@ -329,23 +327,14 @@ class Gateway:
         finally:
             self.router.end(decode.url)
             if outcome:
-                self.metrics.finish(path, outcome, ttft, time.monotonic() - arrived, tpot)
+                self.metrics.finish(path, outcome, ttft, time.monotonic() - call.arrived, tpot)
             else:
                 self.metrics.abandon(path)
             log.debug(
                 "gateway.request_done", extra={"path": path, "outcome": outcome or "fallback"}
             )
 
-    async def _remote_legs(
-        self,
-        kind: Kind,
-        body: dict[str, Any],
-        parsed: ParsedRequest,
-        config: DeploymentConfig,
-        decision: Decision,
-        decode: Instance,
-        request_id: str,
-    ) -> tuple[Any, bytes]:
+    async def _remote_legs(self, call: _Call, decode: Instance) -> tuple[Any, bytes]:
         """Send the prefill and decode legs concurrently; return the decode leg and its first
         bytes, or raise :class:`Fallback`. Both legs are cancelled on any exit but success.
 
@@ -353,6 +342,8 @@ class Gateway:
         when the prefill leg fails or the KV does not reach decode (decode error naming the
         KV, or no first byte in time); success when decode produced its first byte or failed
         for a reason of its own after a good prefill; none when the client went away."""
+        kind, body, config, request_id = call.kind, call.body, call.config, call.request_id
+        decision = call.decision
         site = decision.site or ""
         prefill = self.router.acquire_prefill(config, site)
         if prefill is None:
@@ -411,7 +402,7 @@ class Gateway:
                 # wait; a non-streamed body arrives only when generation ends.
                 wait_s = (
                     config.kv_timeout_ms / 1000 + self.settings.first_byte_grace_s
-                    if parsed.stream
+                    if call.parsed.stream
                     else self.settings.request_timeout_s
                 )
                 done, _ = await asyncio.wait({decode_task}, timeout=wait_s)
@@ -446,19 +437,10 @@ class Gateway:
         response = await self.upstream.open(url, body, request_id, self.settings.request_timeout_s)
         return response, await first_chunk(response)
 
-    async def _fallback(
-        self,
-        request: web.Request,
-        arrived: float,
-        cause: str,
-        body: dict[str, Any],
-        parsed: ParsedRequest,
-        config: DeploymentConfig,
-        decision: Decision,
-        request_id: str,
-    ) -> web.StreamResponse:
-        headers = {"x-request-id": request_id, "x-pdbridge-path": "fallback"}
-        if not config.fallback_to_local_prefill:
+    async def _fallback(self, call: _Call, cause: str) -> web.StreamResponse:
+        """Serve by local prefill within the budget (503 with retry-after beyond it)."""
+        headers = {"x-request-id": call.request_id, "x-pdbridge-path": "fallback"}
+        if not call.config.fallback_to_local_prefill:
             self.metrics.request("fallback", "rejected")
             doc = error_body(
                 f"the remote path is unavailable ({cause}) and fallback is disabled",
@@ -483,14 +465,8 @@ class Gateway:
             )
             return _json(503, doc, {**headers, "retry-after": str(retry_after)})
         self.metrics.fallback(cause)
-        log.info("gateway.fallback", extra={"cause": cause, "site": decision.site})
-        return await self._serve(
-            request, arrived, "fallback", body, parsed, config, decision, request_id
-        )
-
-
-def _kind(request: web.Request) -> Kind:
-    return "chat" if request.path.endswith("/chat/completions") else "completions"
+        log.info("gateway.fallback", extra={"cause": cause, "site": call.decision.site})
+        return await self._serve(call, "fallback")
 
 
 @web.middleware

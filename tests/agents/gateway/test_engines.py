@@ -124,6 +124,30 @@ async def _completion(client, url: str, body: dict[str, Any]) -> tuple[int, str,
     )
 
 
+async def _steady_load(client, url, stop: asyncio.Event, results: list, clients: int = 3) -> None:
+    """``clients`` callers streaming long prompts back to back until ``stop``; each result is
+    (finish time, status — 598/599 for a truncated or errored stream —, path)."""
+
+    async def caller(i: int) -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            body = {"model": "tiny", "prompt": make_prompt(150, seed=i * 1000 + n),
+                    "max_tokens": 6, "temperature": 0, "stream": True}  # fmt: skip
+            status, path, _ = await _completion(client, url, body)
+            results.append((time.monotonic(), status, path))
+
+    await asyncio.gather(*(caller(i) for i in range(clients)))
+
+
+async def _until_remote_after(results: list, since: float, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(t > since and p == "remote" for t, _, p in results):
+            return
+        await asyncio.sleep(0.05)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_remote_local_and_fallback_outputs_are_identical(engines, stream):
     prefill, decode, spool, _ = engines
@@ -180,15 +204,6 @@ def test_prefill_engine_restart_under_load_fails_no_request(engines, tmp_path):
         async with serving(data, SETTINGS) as (_, client, url):
             stop = asyncio.Event()
 
-            async def load(i: int) -> None:
-                n = 0
-                while not stop.is_set():
-                    n += 1
-                    body = {"model": "tiny", "prompt": make_prompt(150, seed=i * 1000 + n),
-                            "max_tokens": 6, "temperature": 0, "stream": True}  # fmt: skip
-                    status, path, _ = await _completion(client, url, body)
-                    results.append((time.monotonic(), status, path))
-
             async def chaos() -> None:
                 nonlocal own
                 await asyncio.sleep(1.5)
@@ -202,14 +217,10 @@ def test_prefill_engine_restart_under_load_fails_no_request(engines, tmp_path):
                     tmp_path / "prefill2.log",
                 )
                 marks["restarted"] = time.monotonic()
-                deadline = time.monotonic() + 30
-                while time.monotonic() < deadline:
-                    if any(t > marks["restarted"] and p == "remote" for t, _, p in results):
-                        break
-                    await asyncio.sleep(0.05)
+                await _until_remote_after(results, marks["restarted"])
                 stop.set()
 
-            await asyncio.gather(chaos(), *(load(i) for i in range(3)))
+            await asyncio.gather(chaos(), _steady_load(client, url, stop, results))
 
     try:
         asyncio.run(scenario())
@@ -280,15 +291,6 @@ def test_link_cut_during_load_fails_no_request_and_traffic_returns(engines, mode
             async with serving(data, settings) as (running, client, url):
                 stop = asyncio.Event()
 
-                async def load(i: int) -> None:
-                    n = 0
-                    while not stop.is_set():
-                        n += 1
-                        body = {"model": "tiny", "prompt": make_prompt(150, seed=i * 1000 + n),
-                                "max_tokens": 6, "temperature": 0, "stream": True}  # fmt: skip
-                        status, path, _ = await _completion(client, url, body)
-                        results.append((time.monotonic(), status, path))
-
                 async def chaos() -> None:
                     await asyncio.sleep(1.5)
                     proxy.cut(mode)
@@ -299,16 +301,10 @@ def test_link_cut_during_load_fails_no_request_and_traffic_returns(engines, mode
                     ].total_ejections
                     proxy.restore()
                     marks["restored"] = time.monotonic()
-                    deadline = time.monotonic() + 20
-                    while time.monotonic() < deadline:
-                        if any(t > marks["restored"] and p == "remote" for t, _, p in results):
-                            break
-                        await asyncio.sleep(0.05)
+                    await _until_remote_after(results, marks["restored"], 20)
                     stop.set()
 
-                await asyncio.gather(chaos(), *(load(i) for i in range(3)))
-                async with client.get(url + "/metrics") as r:
-                    marks["metrics"] = await r.text()
+                await asyncio.gather(chaos(), _steady_load(client, url, stop, results))
         finally:
             await proxy.stop()
 

@@ -37,6 +37,14 @@ def make_router(**routing):
     return router, clock
 
 
+def trip_site_a(router):
+    """Two failed prefill legs at site a (consecutive_failures=2 opens its breakers)."""
+    a1 = router.config.prefill[0].instances[0]
+    for _ in range(2):
+        router.acquire_prefill(router.config, "a")
+        router.record_prefill("a", a1, False, 0.1, "test")
+
+
 def test_share_over_5000_requests_through_router_is_within_2_percent_and_sticky():
     router, _ = make_router(remote_share_percent=10)
     config = router.config
@@ -101,10 +109,7 @@ def test_instance_breakers_pick_healthy_instance_and_site_stays_available():
 def test_site_breaker_open_makes_site_unavailable():
     router, _ = make_router()
     config = router.config
-    a1 = config.prefill[0].instances[0]
-    for _ in range(2):
-        router.acquire_prefill(config, "a")
-        router.record_prefill("a", a1, False, 0.1, "test")
+    trip_site_a(router)
 
     assert router.site_breakers["a"].state == "open"
     assert router.acquire_prefill(config, "a") is None
@@ -146,11 +151,7 @@ def test_retune_on_queue_pressure():
 
 def test_apply_keeps_breaker_state_of_remaining_sites_and_drops_removed():
     router, _ = make_router()
-    config = router.config
-    a1 = config.prefill[0].instances[0]
-    for _ in range(2):
-        router.acquire_prefill(config, "a")
-        router.record_prefill("a", a1, False, 0.1, "test")
+    trip_site_a(router)
     data = snapshot(prefill_sites={"a": ("http://a1",)}, version=4)
 
     router.apply(parse_snapshot(data))
