@@ -1,15 +1,7 @@
 import pytest
 
 from agents.gateway.breaker import BreakerSettings, CircuitBreaker
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
+from tests.agents.gateway.clock import Clock
 
 SETTINGS = BreakerSettings(
     error_rate_limit=0.05,
@@ -26,7 +18,7 @@ SETTINGS = BreakerSettings(
 
 @pytest.fixture
 def clock():
-    return Clock()
+    return Clock(1000.0)
 
 
 @pytest.fixture

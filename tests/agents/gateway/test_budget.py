@@ -4,18 +4,11 @@ import pytest
 
 from agents.gateway.budget import FallbackBudget, TokenBucket
 from agents.gateway.tuning import ThresholdTuner, TuningSettings, site_pressure
-
-
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
+from tests.agents.gateway.clock import Clock
 
 
 def test_bucket_starts_full_and_refills_at_rate():
-    clock = Clock()
+    clock = Clock(0.0)
     bucket = TokenBucket(rate=10, burst=3, clock=clock)
 
     assert [bucket.try_take() for _ in range(4)] == [True, True, True, False]
@@ -26,7 +19,7 @@ def test_bucket_starts_full_and_refills_at_rate():
 
 
 def test_bucket_never_exceeds_burst():
-    clock = Clock()
+    clock = Clock(0.0)
     bucket = TokenBucket(rate=10, burst=2, clock=clock)
     clock.now += 100
 
@@ -35,7 +28,7 @@ def test_bucket_never_exceeds_burst():
 
 def test_bucket_refuses_nonsense():
     with pytest.raises(ValueError, match="rate > 0"):
-        TokenBucket(rate=0, burst=1, clock=Clock())
+        TokenBucket(rate=0, burst=1, clock=Clock(0.0))
 
 
 def test_budget_waits_for_a_token_within_bound():

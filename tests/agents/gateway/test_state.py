@@ -5,16 +5,8 @@ import pytest
 
 from agents.gateway.config import GatewaySettings, parse_snapshot
 from agents.gateway.state import Router
+from tests.agents.gateway.clock import Clock
 from tests.agents.gateway.snapshots import snapshot
-
-
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
 
 SETTINGS = GatewaySettings(
     breaker_consecutive_failures=2,
@@ -27,7 +19,7 @@ SETTINGS = GatewaySettings(
 
 
 def make_router(**routing):
-    clock = Clock()
+    clock = Clock(100.0)
     router = Router(SETTINGS, clock)
     data = snapshot(prefill_sites={"a": ("http://a1", "http://a2"), "b": ("http://b1",)}, **routing)
     # a: 100 Mbit/s, b: 50 Mbit/s, ceiling 0.7
