@@ -93,6 +93,12 @@ def _get(data: Mapping[str, Any], key: str, where: str) -> Any:
     return data[key]
 
 
+def _section(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: must be an object")
+    return value
+
+
 def _number(value: Any, where: str, low: float | None = None, high: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{where}: must be a number, got {value!r}")
@@ -140,19 +146,28 @@ def parse_snapshot(data: Any) -> DeploymentConfig:
     """Validate a snapshot (the console's JSON body, decoded) into a config."""
     if not isinstance(data, Mapping):
         raise ConfigError("snapshot: must be a JSON object")
-    deployment = _get(data, "deployment", "snapshot")
-    model = _get(data, "model", "snapshot")
-    routing = _get(data, "routing", "snapshot")
-    breaker = data.get("circuit_breaker") or {}
-    kv = data.get("kv_transfer") or {}
-    pools = _get(data, "pools", "snapshot")
-    model_settings = model.get("engine_settings") or {} if isinstance(model, Mapping) else {}
+    deployment = _section(_get(data, "deployment", "snapshot"), "deployment")
+    model = _section(_get(data, "model", "snapshot"), "model")
+    routing = _section(_get(data, "routing", "snapshot"), "routing")
+    breaker = _section(data.get("circuit_breaker") or {}, "circuit_breaker")
+    kv = _section(data.get("kv_transfer") or {}, "kv_transfer")
+    pools = _section(_get(data, "pools", "snapshot"), "pools")
+    model_settings = _section(model.get("engine_settings") or {}, "model.engine_settings")
     ceiling = _number(
         routing.get("link_utilization_ceiling", 0.7), "routing.link_utilization_ceiling", 0, 1
     )
+    decode = _site(_get(pools, "decode", "pools"), "pools.decode", decode=True)
     links: dict[str, Link] = {}
-    for i, link in enumerate(data.get("links") or []):
+    raw_links = data.get("links") or []
+    if not isinstance(raw_links, list):
+        raise ConfigError("links: must be a list")
+    for i, link in enumerate(raw_links):
         at = f"links[{i}]"
+        _section(link, at)
+        # The console lists every link among the deployment's sites; only the ones into the
+        # decode site carry KV.
+        if link.get("to_site", decode.name) != decode.name:
+            continue
         measured = link.get("measured_mbit_s")
         bandwidth = measured if measured else _get(link, "provisioned_mbit_s", at)
         rtt = link.get("rtt_ms")
@@ -203,7 +218,7 @@ def parse_snapshot(data: Any) -> DeploymentConfig:
             breaker.get("latency_p99_limit_ms", 2500), "circuit_breaker.latency_p99_limit_ms", 0
         ),
         kv_timeout_ms=_number(kv.get("timeout_ms", 4000), "kv_transfer.timeout_ms", 0),
-        decode=_site(_get(pools, "decode", "pools"), "pools.decode", decode=True),
+        decode=decode,
         prefill=tuple(_site(p, f"pools.prefill[{i}]", decode=False) for i, p in enumerate(prefill)),
         links=links,
         raw=data,

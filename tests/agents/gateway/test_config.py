@@ -62,6 +62,17 @@ def test_measured_bandwidth_wins_over_provisioned():
         (lambda d: d["pools"].update(prefill={}), "pools.prefill"),
         (lambda d: d["links"][0].update(utilization_ceiling=2), "links[0].utilization_ceiling"),
         (lambda d: d.pop("deployment"), "snapshot.deployment"),
+        (lambda d: d.update(routing=[1]), "routing: must be an object"),
+        (lambda d: d.update(links="x"), "links: must be a list"),
+        (lambda d: d.update(links=["x"]), "links[0]: must be an object"),
+        (
+            lambda d: d["pools"]["decode"].update(nodes=["x"]),
+            "pools.decode.nodes[0]: must be an object",
+        ),
+        (
+            lambda d: d["model"].update(engine_settings=[]),
+            "model.engine_settings: must be an object",
+        ),
     ],
 )
 def test_invalid_snapshot_names_the_field(mutate, field):
@@ -110,3 +121,38 @@ def test_snapshot_file(tmp_path):
     path.write_text(json.dumps(snapshot(version=9)))
 
     assert load_snapshot_file(path).version == 9
+
+
+def test_console_shaped_snapshot_without_engine_fields_and_with_reverse_links():
+    data = snapshot()
+    data["pools"]["decode"] = {
+        "site": "local",
+        "nodes": [{"hostname": "dec-1", "agent_address": "10.0.0.5:7070"}],
+        "engine_settings": {"port": 8100},
+    }
+    data["pools"]["prefill"] = [
+        {"site": "remote", "nodes": [{"hostname": "pre-1", "agent_address": "10.1.0.5:7070"}],
+         "engine_settings": {}}
+    ]  # fmt: skip
+    data["links"] = [
+        {"from_site": "local", "to_site": "remote", "provisioned_mbit_s": 1, "measured_mbit_s": None,
+         "rtt_ms": 30.0, "utilization_ceiling": 0.5},
+        {"from_site": "remote", "to_site": "local", "provisioned_mbit_s": 100000,
+         "measured_mbit_s": 81000.5, "rtt_ms": 30.0, "utilization_ceiling": 0.7},
+    ]  # fmt: skip
+
+    config = parse_snapshot(data)
+
+    assert config.decode.instances[0].url == "http://dec-1:8100"
+    assert config.decode.instances[0].kv_address == "dec-1:7100"
+    assert config.prefill[0].instances[0].url == "http://pre-1:8000"
+    assert set(config.links) == {"remote"}
+    assert config.links["remote"].bandwidth_mbit_s == 81000.5
+
+
+def test_snapshot_without_decode_pool_is_refused():
+    data = snapshot()
+    data["pools"]["decode"] = None
+
+    with pytest.raises(ConfigError, match=r"^pools\.decode: must be an object"):
+        parse_snapshot(data)
