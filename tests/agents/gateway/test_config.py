@@ -70,7 +70,7 @@ def test_measured_bandwidth_wins_over_provisioned():
             "pools.decode.nodes[0]: must be an object",
         ),
         (
-            lambda d: d["model"].update(engine_settings=[]),
+            lambda d: d["model"].update(engine_settings="x"),
             "model.engine_settings: must be an object",
         ),
     ],
