@@ -22,6 +22,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "the node agent daemon: supervises engines, heartbeats, injects drill faults",
     ),
+    "gateway": (
+        "agents.gateway.cli",
+        "main",
+        "run the OpenAI-compatible gateway for a deployment (routing, fallback, breakers)",
+    ),
     "console": (
         "pdbridge.console_cli",
         "main",
