@@ -410,10 +410,10 @@ def test_kv_link_launch_then_probe_it_over_mtls(api: Any) -> None:
     result = api.Probe(probe, timeout=T)
     assert result.bandwidth_mbit_s > 0
     assert result.rtt_ms > 0
+    bad = pb.LaunchRequest(
+        request_id=os.urandom(8).hex(), name="kv2", kind="kv-link", settings=settings(ttl_s=-1)
+    )
     with pytest.raises(grpc.RpcError) as err:
-        bad = pb.LaunchRequest(
-            request_id=os.urandom(8).hex(), name="kv2", kind="kv-link", settings=settings(ttl_s=-1)
-        )
         api.Launch(bad, timeout=T)
     assert err.value.details() == "settings.ttl_s: must be a positive number"
     api.Stop(pb.StopRequest(request_id=os.urandom(8).hex(), name="kv"), timeout=T)
