@@ -17,6 +17,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "start the embedded console (SQLite, no Redis) and print its URL",
     ),
+    "agent": (
+        "agents.daemon",
+        "main",
+        "the node agent daemon: supervises engines, heartbeats, injects drill faults",
+    ),
+    "gateway": (
+        "agents.gateway.cli",
+        "main",
+        "run the OpenAI-compatible gateway for a deployment (routing, fallback, breakers)",
+    ),
     "console": (
         "pdbridge.console_cli",
         "main",
