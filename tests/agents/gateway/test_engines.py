@@ -367,3 +367,51 @@ def test_kill_switch_from_console_within_one_poll_in_flight_finishes(engines, tm
     assert b'"error"' not in stream
     assert (status, new_path) == (200, "local")
     assert applied_after <= SETTINGS.poll_interval_s + 0.5
+
+
+@pytest.mark.netns
+def test_link_cut_between_namespaces_fails_no_request_and_traffic_returns(engines, tmp_path):
+    """The remote prefill engine runs in its own network namespace; the WAN link (a veth
+    pair) is set down mid-traffic and up again."""
+    from tests.agents.gateway.netns import remote_site, start_engine_in
+
+    _, decode, spool, models_dir = engines
+    settings = replace(SETTINGS, prefill_timeout_s=1.5, connect_timeout_s=0.5)
+    results: list[tuple[float, int, str]] = []
+    marks: dict[str, float] = {}
+    with remote_site() as site:
+        remote = start_engine_in(
+            site, _engine_args(models_dir, "--role", "both"), tmp_path / "p.log"
+        )
+        try:
+
+            async def scenario():
+                data = _snapshot(decode, remote.url, spool)
+                async with serving(data, settings) as (_, client, url):
+                    stop = asyncio.Event()
+
+                    async def chaos() -> None:
+                        await asyncio.sleep(1.5)
+                        await asyncio.to_thread(site.cut)
+                        marks["cut"] = time.monotonic()
+                        await asyncio.sleep(3.0)
+                        await asyncio.to_thread(site.restore)
+                        marks["restored"] = time.monotonic()
+                        await _until_remote_after(results, marks["restored"], 20)
+                        stop.set()
+
+                    await asyncio.gather(chaos(), _steady_load(client, url, stop, results))
+
+            asyncio.run(scenario())
+        finally:
+            remote.stop()
+
+    assert [r for r in results if r[1] != 200] == []
+    assert "remote" in {p for t, _, p in results if t < marks["cut"]}
+    assert "fallback" in {p for t, _, p in results if marks["cut"] < t < marks["restored"]}
+    back = [t for t, _, p in results if t > marks["restored"] and p == "remote"]
+    assert back, "traffic did not return to the remote path after the link came back"
+    print(
+        f"\nlink cut (veth down): {len(results)} requests, 0 failed, "
+        f"back to remote {back[0] - marks['restored']:.2f} s after restore"
+    )
