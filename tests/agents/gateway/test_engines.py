@@ -320,3 +320,98 @@ def test_link_cut_during_load_fails_no_request_and_traffic_returns(engines, mode
         f"\nlink cut ({mode}): {len(results)} requests, 0 failed, "
         f"back to remote {back[0] - marks['restored']:.2f} s after restore"
     )
+
+
+def test_kill_switch_from_console_within_one_poll_in_flight_finishes(engines, tmp_path):
+    from agents.gateway.app import Gateway
+    from agents.gateway.poller import ConfigPoller
+    from agents.gateway.server import start
+    from tests.agents.gateway.console_double import ConsoleDouble
+
+    prefill, decode, spool, _ = engines
+    settings = replace(SETTINGS, state_dir=str(tmp_path))
+    long_stream = {"model": "tiny", "prompt": make_prompt(200, seed=5), "max_tokens": 40,
+                   "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
+
+    async def scenario():
+        console = await ConsoleDouble(_snapshot(decode, prefill.url, spool)).start()
+        gateway = Gateway(settings)
+        poller = ConfigPoller(
+            console_url=console.url, deployment_id=1, token="node-token",
+            interval_s=settings.poll_interval_s, state_dir=tmp_path, apply=gateway.apply,
+        )  # fmt: skip
+        running = await start(gateway, poller=poller)
+        url = f"http://127.0.0.1:{running.port}"
+        try:
+            import aiohttp
+
+            async with aiohttp.ClientSession() as client:
+                in_flight = await client.post(url + "/v1/completions", json=long_stream)
+                first = await in_flight.content.readany()
+                console.update(kill_switch=True)
+                flipped = time.monotonic()
+                while gateway.router.config.version != 4:
+                    await asyncio.sleep(0.01)
+                applied_after = time.monotonic() - flipped
+                after = await _completion(client, url, {**long_stream, "max_tokens": 2})
+                rest = await in_flight.read()
+                return in_flight.headers["x-pdbridge-path"], first + rest, after[:2], applied_after
+        finally:
+            await running.stop()
+            await console.stop()
+
+    path, stream, (status, new_path), applied_after = asyncio.run(scenario())
+
+    assert path == "remote"
+    assert stream.endswith(b"data: [DONE]\n\n")
+    assert b'"error"' not in stream
+    assert (status, new_path) == (200, "local")
+    assert applied_after <= SETTINGS.poll_interval_s + 0.5
+
+
+@pytest.mark.netns
+def test_link_cut_between_namespaces_fails_no_request_and_traffic_returns(engines, tmp_path):
+    """The remote prefill engine runs in its own network namespace; the WAN link (a veth
+    pair) is set down mid-traffic and up again."""
+    from tests.agents.gateway.netns import remote_site, start_engine_in
+
+    _, decode, spool, models_dir = engines
+    settings = replace(SETTINGS, prefill_timeout_s=1.5, connect_timeout_s=0.5)
+    results: list[tuple[float, int, str]] = []
+    marks: dict[str, float] = {}
+    with remote_site() as site:
+        remote = start_engine_in(
+            site, _engine_args(models_dir, "--role", "both"), tmp_path / "p.log"
+        )
+        try:
+
+            async def scenario():
+                data = _snapshot(decode, remote.url, spool)
+                async with serving(data, settings) as (_, client, url):
+                    stop = asyncio.Event()
+
+                    async def chaos() -> None:
+                        await asyncio.sleep(1.5)
+                        await asyncio.to_thread(site.cut)
+                        marks["cut"] = time.monotonic()
+                        await asyncio.sleep(3.0)
+                        await asyncio.to_thread(site.restore)
+                        marks["restored"] = time.monotonic()
+                        await _until_remote_after(results, marks["restored"], 20)
+                        stop.set()
+
+                    await asyncio.gather(chaos(), _steady_load(client, url, stop, results))
+
+            asyncio.run(scenario())
+        finally:
+            remote.stop()
+
+    assert [r for r in results if r[1] != 200] == []
+    assert "remote" in {p for t, _, p in results if t < marks["cut"]}
+    assert "fallback" in {p for t, _, p in results if marks["cut"] < t < marks["restored"]}
+    back = [t for t, _, p in results if t > marks["restored"] and p == "remote"]
+    assert back, "traffic did not return to the remote path after the link came back"
+    print(
+        f"\nlink cut (veth down): {len(results)} requests, 0 failed, "
+        f"back to remote {back[0] - marks['restored']:.2f} s after restore"
+    )
