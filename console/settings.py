@@ -159,6 +159,7 @@ INSTALLED_APPS = [
     "django_celery_beat",
     "console.core",
     "console.runs",
+    "console.telemetry",
     "console.inventory",
     "console.catalog",
     "console.deployments",
