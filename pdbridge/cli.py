@@ -17,10 +17,45 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "start the embedded console (SQLite, no Redis) and print its URL",
     ),
+    "agent": (
+        "agents.daemon",
+        "main",
+        "the node agent daemon: supervises engines, heartbeats, injects drill faults",
+    ),
+    "gateway": (
+        "agents.gateway.cli",
+        "main",
+        "run the OpenAI-compatible gateway for a deployment (routing, fallback, breakers)",
+    ),
     "console": (
         "pdbridge.console_cli",
         "main",
         "Django management commands for the console (migrate, createsuperuser, ...)",
+    ),
+    "worker": (
+        "pdbridge.celery_cli",
+        "worker",
+        "an orchestrator Celery worker (celery worker options follow)",
+    ),
+    "beat": (
+        "pdbridge.celery_cli",
+        "beat",
+        "the orchestrator's periodic scheduler (celery beat options follow)",
+    ),
+    "engine": (
+        "agents.engines.cli",
+        "main",
+        "reference engine: serve, build zoo weights; print vLLM command lines",
+    ),
+    "verify": (
+        "agents.engines.verify",
+        "main",
+        "token-by-token verification of remote prefill + local decode against local runs",
+    ),
+    "kv": (
+        "grpc_kv.cli",
+        "main",
+        "the cross-datacenter KV link: serve, probe, loopback, certs, proxy",
     ),
 }
 

@@ -1,0 +1,280 @@
+"""``pdbridge engine ...``: serve the reference engine, build zoo weights, print the vLLM
+command line.
+
+Called by ``pdbridge.cli`` (lazy import, never Django). ``serve`` blocks until SIGTERM or
+SIGINT, then stops gracefully; start-up failures (unknown model, weights hash mismatch,
+missing TLS files) print one line naming the option and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import logging
+import signal
+import ssl
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("pdbridge.engines.cli")
+
+
+def _parse_model(spec: str, default_dtype: str) -> tuple[str, str, str]:
+    """``[NAME=]SOURCE[@DTYPE]`` -> (name, source, dtype)."""
+    name, _, rest = spec.rpartition("=")
+    source, _, dtype = rest.partition("@")
+    dtype = dtype or default_dtype
+    return (name or Path(source).name), source, dtype
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    if not args.ssl_certfile:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+    if args.ssl_ca_certs:
+        # mTLS: only clients holding a certificate from this CA may call the engine.
+        ctx.load_verify_locations(args.ssl_ca_certs)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pdbridge engine serve", description="Serve the reference engine."
+    )
+    p.add_argument("--role", choices=("prefill", "decode", "both"), default="both")
+    p.add_argument(
+        "--model",
+        action="append",
+        required=True,
+        help="[NAME=]SOURCE[@DTYPE]; SOURCE is a zoo architecture or a checkpoint directory (repeatable)",
+    )
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument(
+        "--expect-sha256",
+        action="append",
+        default=[],
+        help="[NAME=]SHA256 of the weights file; refuse to serve otherwise",
+    )
+    p.add_argument("--seed", type=int, default=None, help="seed of generated zoo weights")
+    p.add_argument("--models-dir", type=Path, default=None, help="where generated weights live")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 = ephemeral; the chosen port is printed")
+    p.add_argument("--chunked-prefill-tokens", type=int, default=512)
+    p.add_argument("--max-num-seqs", type=int, default=4)
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads (same on both engines of a pair)"
+    )
+    p.add_argument(
+        "--kv-spool", type=Path, default=None, help="receive remote KV from this spool directory"
+    )
+    p.add_argument(
+        "--kv-listen",
+        default=None,
+        help="embed a grpc_kv receiver on HOST:PORT (decode role; port 0 = ephemeral)",
+    )
+    p.add_argument("--kv-tls-ca", help="CA of the KV link (mTLS)")
+    p.add_argument("--kv-tls-cert", help="this node's KV link certificate")
+    p.add_argument("--kv-tls-key", help="this node's KV link key")
+    p.add_argument(
+        "--kv-allowed-peer",
+        action="append",
+        default=None,
+        help="certificate name accepted on the KV link (repeatable)",
+    )
+    p.add_argument(
+        "--kv-insecure", action="store_true", help="plaintext KV link (localhost development only)"
+    )
+    p.add_argument(
+        "--kv-compression",
+        default="auto",
+        choices=("auto", "none", "zstd", "zstd-byteplane"),
+        help="grpc_kv codec for sends",
+    )
+    p.add_argument(
+        "--no-verify-kv-digests",
+        action="store_true",
+        help="skip per-segment digests (tests of the oracle)",
+    )
+    p.add_argument("--ssl-certfile")
+    p.add_argument("--ssl-keyfile")
+    p.add_argument("--ssl-ca-certs", help="require client certificates from this CA (mTLS)")
+    p.add_argument(
+        "--insecure", action="store_true", help="allow plaintext HTTP on a non-loopback address"
+    )
+    return p
+
+
+def serve(argv: list[str]) -> int:
+    args = _serve_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if not args.ssl_certfile and not args.insecure and not _is_loopback(args.host):
+        print(
+            "--host: plaintext on a non-loopback address needs --insecure (or --ssl-certfile)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.chunked_prefill_tokens < 1 or args.max_num_seqs < 1 or args.threads < 1:
+        print("--chunked-prefill-tokens, --max-num-seqs, --threads: must be >= 1", file=sys.stderr)
+        return 2
+
+    from agents.engines.reference import zoo
+    from agents.engines.reference.runner import set_threads
+
+    set_threads(args.threads)
+    zoo.quiet_transformers()
+    expected: dict[str, str] = {}
+    for item in args.expect_sha256:
+        name, _, sha = item.rpartition("=")
+        expected[name or "*"] = sha
+    models: dict[str, zoo.LoadedModel] = {}
+    try:
+        for spec in args.model:
+            name, source, dtype = _parse_model(spec, args.dtype)
+            path = zoo.resolve_model(
+                source, args.models_dir, args.seed if args.seed is not None else zoo.DEFAULT_SEED
+            )
+            models[name] = zoo.load_model(
+                path, name=name, dtype=dtype, expect_sha256=expected.get(name, expected.get("*"))
+            )
+    except zoo.ModelError as exc:
+        print(f"pdbridge engine serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        ctx = _ssl_context(args)
+    except (OSError, ssl.SSLError) as exc:
+        print(f"--ssl-certfile/--ssl-keyfile/--ssl-ca-certs: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_run(args, models, ctx))
+
+
+async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLContext | None) -> int:
+    from aiohttp import web
+
+    from agents.engines.reference.server import EngineSettings, ReferenceEngine
+    from agents.engines.reference.transport import (
+        KvReceiver,
+        SenderFactory,
+        SpoolReceiver,
+        open_spool_sender,
+    )
+
+    receiver: KvReceiver | None = None
+    if args.kv_spool is not None:
+        receiver = SpoolReceiver(args.kv_spool, verify_digests=not args.no_verify_kv_digests)
+    open_sender: SenderFactory = open_spool_sender
+    kv_tls_given = args.kv_insecure or args.kv_tls_cert
+    if kv_tls_given or args.kv_listen:
+        from agents.engines.reference.grpc_link import GrpcReceiver, sender_factory, tls_from_args
+        from grpc_kv import api as kv
+
+        try:
+            tls = tls_from_args(
+                args.kv_tls_ca,
+                args.kv_tls_cert,
+                args.kv_tls_key,
+                args.kv_insecure,
+                args.kv_allowed_peer,
+            )
+            options = kv.LinkOptions(compression=kv.Codec(args.kv_compression))
+        except ValueError as exc:
+            print(f"pdbridge engine serve: {exc}", file=sys.stderr)
+            return 2
+        open_sender = sender_factory(asyncio.get_running_loop(), options, tls)
+        if args.kv_listen:
+            if receiver is not None:
+                print("--kv-listen and --kv-spool: choose one receiver", file=sys.stderr)
+                return 2
+            try:
+                receiver = await GrpcReceiver.start(args.kv_listen, tls)
+            except (RuntimeError, ValueError, OSError) as exc:
+                print(f"--kv-listen: {exc}", file=sys.stderr)
+                return 2
+    settings = EngineSettings(
+        role=args.role,
+        chunked_prefill_tokens=args.chunked_prefill_tokens,
+        max_num_seqs=args.max_num_seqs,
+        threads=args.threads,
+    )
+    engine = ReferenceEngine(models, settings, receiver, open_sender)
+    runner = web.AppRunner(engine.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port, ssl_context=ctx)
+    await site.start()
+    server = getattr(site, "_server", None)
+    port = server.sockets[0].getsockname()[1] if server and server.sockets else args.port
+    ready = {
+        "event": "engine_ready",
+        "host": args.host,
+        "port": port,
+        "role": args.role,
+        "models": {n: m.fingerprint for n, m in models.items()},
+        "kv_listen": getattr(receiver, "address", None),
+    }
+    print(json.dumps(ready), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("engine_stopping", extra={"port": port})
+    await runner.cleanup()
+    return 0
+
+
+def build(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="pdbridge engine build", description="Generate zoo weights; print their sha256."
+    )
+    p.add_argument("architecture", nargs="+")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--models-dir", type=Path, default=None)
+    args = p.parse_args(argv)
+    from agents.engines.reference import zoo
+
+    zoo.quiet_transformers()
+    out = {}
+    try:
+        for arch in args.architecture:
+            path = zoo.resolve_model(
+                arch, args.models_dir, args.seed if args.seed is not None else zoo.DEFAULT_SEED
+            )
+            out[arch] = {
+                "path": str(path),
+                "weights_sha256": zoo.file_sha256(path / zoo.WEIGHTS_FILE),
+            }
+    except zoo.ModelError as exc:
+        print(f"pdbridge engine build: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+def vllm_command(argv: list[str]) -> int:
+    from agents.engines.vllm import main as vllm_main
+
+    return vllm_main(argv)
+
+
+SUBCOMMANDS = {"serve": serve, "build": build, "vllm-command": vllm_command}
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``pdbridge engine``."""
+    if not argv or argv[0] in {"-h", "--help"} or argv[0] not in SUBCOMMANDS:
+        print("usage: pdbridge engine {serve|build|vllm-command} [--help]")
+        return 0 if not argv or argv[0] in {"-h", "--help"} else 2
+    return SUBCOMMANDS[argv[0]](argv[1:])

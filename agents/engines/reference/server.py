@@ -1,0 +1,561 @@
+"""The reference engine's HTTP server (aiohttp): OpenAI-compatible completions and chat
+completions, ``/v1/models``, ``/health``, ``/metrics``, and the prefill/decode split through
+``kv_transfer_params``.
+
+Concurrency: the event loop only parses, routes and streams. All model compute runs on one
+compute thread, one chunk or one decode step per call, so concurrent requests interleave
+step by step, the loop never blocks, and a request whose client went away stops at the next
+step. ``max_num_seqs`` requests run at once; the rest wait (both gauges are true).
+
+Who calls it: ``pdbridge engine serve`` (``run_server``) and tests (``ReferenceEngine.app``).
+Failures reach clients as OpenAI-style error bodies: 400 for bad input (the field named),
+503 ``kv_transfer_error`` when remote KV did not arrive or failed verification and the
+request did not ask for ``fallback: local``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from agents.engines.reference import kvstate
+from agents.engines.reference.metrics import EngineMetrics
+from agents.engines.reference.protocol import (
+    BadRequest,
+    CompletionRequest,
+    TextTracker,
+    chunk_body,
+    completion_id,
+    error_body,
+    full_body,
+    parse_request,
+    sse,
+    usage,
+)
+from agents.engines.reference.runner import Runner, Sampling
+from agents.engines.reference.transport import (
+    KvReceiver,
+    KvSender,
+    SenderFactory,
+    TransferError,
+    TransferHeader,
+    TransferRejected,
+    TransferSummary,
+    open_spool_sender,
+)
+from agents.engines.reference.zoo import LoadedModel
+
+log = logging.getLogger("pdbridge.engines.server")
+T = TypeVar("T")
+ROLES = ("prefill", "decode", "both")
+
+
+@dataclass
+class EngineSettings:
+    """Knobs of one engine process (documented once, in docs/engines.md)."""
+
+    role: str = "both"
+    chunked_prefill_tokens: int = 512
+    max_num_seqs: int = 4
+    threads: int = 1
+
+
+class _ClientGone(Exception):
+    pass
+
+
+@dataclass
+class _Session:
+    """One request's state between the prefill (or KV import) and the last token."""
+
+    req: CompletionRequest
+    lm: LoadedModel
+    runner: Runner
+    prompt_ids: list[int]
+    t_arrival: float
+    cache: Any = None
+    logits: Any = None
+    path: str = "local"
+    kv_summary: dict[str, Any] | None = None
+    fallback_reason: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class _PrefillStreamer:
+    """Streams a prefill's cache to a ``KvSender`` while it computes: the full-attention KV of
+    each chunk right after that chunk, the rest when final. Runs on the compute thread."""
+
+    def __init__(self, sess: _Session, destination: str, open_sender: SenderFactory) -> None:
+        self.sess = sess
+        self.destination = destination
+        self.open_sender = open_sender
+        self.sender: KvSender | None = None
+        self.manifest: kvstate.Manifest | None = None
+        self.offsets: dict[str, int] = {}
+        self.summary: TransferSummary | None = None
+
+    def on_chunk(self, cache: Any, start: int, end: int, logits: Any) -> None:
+        total = len(self.sess.prompt_ids)
+        kv = self.sess.req.kv
+        if kv is None:
+            raise RuntimeError("prefill streamer without kv_transfer_params")
+        if self.sender is None:
+            self.manifest = kvstate.build_manifest(cache, total, logits)
+            self.manifest.prompt_digest = kvstate.prompt_digest(self.sess.prompt_ids)
+            header = TransferHeader(
+                kv.transfer_id, self.sess.req.request_id, self.sess.lm.fingerprint, self.manifest
+            )
+            self.sender = self.open_sender(self.destination, header)
+        final = end == total
+        for name, data in kvstate.full_kv_slice(cache, start, end).items():
+            offset = self.offsets.get(name, 0)
+            self.sender.send(name, data, offset, final)
+            self.offsets[name] = offset + len(data)
+        if final and self.manifest is not None:
+            for name, data in kvstate.final_segments(cache, self.manifest, logits).items():
+                self.sender.send(name, data, 0, True)
+
+    async def finish(self) -> TransferSummary:
+        if self.sender is None:
+            raise TransferRejected("prefill ended before its transfer opened")
+        self.summary = await self.sender.finish()
+        return self.summary
+
+    async def abort(self, reason: str) -> None:
+        if self.sender is not None and self.summary is None:
+            await self.sender.abort(reason)
+
+
+class ReferenceEngine:
+    """Serves loaded models over HTTP. Create, then ``app()``; ``close()`` on shutdown."""
+
+    def __init__(
+        self,
+        models: dict[str, LoadedModel],
+        settings: EngineSettings,
+        receiver: KvReceiver | None = None,
+        open_sender: SenderFactory = open_spool_sender,
+    ) -> None:
+        if settings.role not in ROLES:
+            raise ValueError(f"role: {settings.role!r} is not one of {', '.join(ROLES)}")
+        self.models = models
+        self.settings = settings
+        self.runners = {
+            name: Runner(lm, settings.chunked_prefill_tokens) for name, lm in models.items()
+        }
+        self.receiver = receiver
+        self.open_sender = open_sender
+        self.metrics = EngineMetrics()
+        for name in models:
+            self.metrics.add_model(name)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-compute")
+        self._slots = asyncio.Semaphore(settings.max_num_seqs)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._list_models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_cleanup(self, _app: web.Application) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self.receiver is not None:
+            await self.receiver.close()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _compute(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    # --- simple endpoints -------------------------------------------------------------------
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "role": self.settings.role})
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def _list_models(self, _request: web.Request) -> web.Response:
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "pdbridge",
+                "max_model_len": lm.max_model_len,
+                "pdbridge": {
+                    "architecture": lm.architecture,
+                    "dtype": lm.dtype,
+                    "weights_sha256": lm.weights_sha256,
+                    "architecture_hash": lm.architecture_hash,
+                    "fingerprint": lm.fingerprint,
+                    "chunked_prefill_tokens": self.settings.chunked_prefill_tokens,
+                    "threads": self.settings.threads,
+                    "role": self.settings.role,
+                },
+            }
+            for name, lm in self.models.items()
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    # --- completions ------------------------------------------------------------------------
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, chat=False)
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, chat=True)
+
+    def _validate(self, req: CompletionRequest) -> tuple[LoadedModel, list[int]]:
+        lm = self.models.get(req.model)
+        if lm is None:
+            raise BadRequest(f"model: {req.model!r} does not exist", "model", "model_not_found")
+        kv = req.kv
+        if kv is not None and kv.do_remote_decode and self.settings.role == "decode":
+            raise BadRequest(
+                "kv_transfer_params.do_remote_decode: this engine has role decode",
+                "kv_transfer_params",
+            )
+        if kv is not None and kv.do_remote_prefill:
+            if self.settings.role == "prefill":
+                raise BadRequest(
+                    "kv_transfer_params.do_remote_prefill: this engine has role prefill",
+                    "kv_transfer_params",
+                )
+            if self.receiver is None:
+                raise BadRequest(
+                    "kv_transfer_params.do_remote_prefill: this engine has no KV receiver",
+                    "kv_transfer_params",
+                )
+        if req.messages is not None:
+            ids = lm.tokenizer.encode(lm.tokenizer.render_chat(req.messages))
+        elif req.prompt_ids is not None:
+            vocab = int(lm.config.get_text_config(decoder=True).vocab_size)
+            if any(not 0 <= i < vocab for i in req.prompt_ids):
+                raise BadRequest(f"prompt: token ids must be in [0, {vocab})", "prompt")
+            ids = req.prompt_ids
+        else:
+            ids = lm.tokenizer.encode(req.prompt or "")
+        if not ids:
+            raise BadRequest("prompt: empty after tokenization", "prompt")
+        if len(ids) + req.max_tokens > lm.max_model_len:
+            raise BadRequest(
+                f"prompt: {len(ids)} prompt tokens + max_tokens {req.max_tokens} exceed the model's "
+                f"maximum context length {lm.max_model_len}",
+                "prompt",
+                "context_length_exceeded",
+            )
+        return lm, ids
+
+    async def _handle(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        t_arrival = time.monotonic()
+        try:
+            req = parse_request(await request.read(), chat=chat)
+            lm, ids = self._validate(req)
+        except BadRequest as exc:
+            return web.json_response(
+                error_body(
+                    exc.message, type_="invalid_request_error", param=exc.param, code=exc.code
+                ),
+                status=400,
+            )
+        if req.kv is not None and req.kv.do_remote_decode:
+            req.max_tokens = 1  # the prefill leg returns only the first token
+        sess = _Session(req, lm, self.runners[req.model], ids, t_arrival)
+        labels = {"model_name": req.model}
+        self.metrics.waiting.labels(**labels).inc()
+        try:
+            await self._slots.acquire()
+        finally:
+            self.metrics.waiting.labels(**labels).dec()
+        self.metrics.running.labels(**labels).inc()
+        sess.timings["queue_s"] = time.monotonic() - t_arrival
+        self.metrics.queue.labels(**labels).observe(sess.timings["queue_s"])
+        try:
+            try:
+                await self._start(request, sess)
+            except TransferError as exc:
+                log.warning(
+                    "kv_transfer_failed",
+                    extra={"reason": exc.reason, "detail": str(exc), "request_id": req.request_id},
+                )
+                return web.json_response(
+                    error_body(
+                        str(exc),
+                        type_="kv_transfer_error",
+                        param="kv_transfer_params",
+                        code=exc.reason,
+                    ),
+                    status=503,
+                    headers={"x-pdbridge-path": "remote"},
+                )
+            self.metrics.by_path.labels(path=sess.path, **labels).inc()
+            if req.stream:
+                return await self._stream(request, sess)
+            return await self._collect(request, sess)
+        except _ClientGone:
+            self.metrics.cancelled.labels(**labels).inc()
+            log.info(
+                "request_cancelled",
+                extra={"request_id": req.request_id, "tokens": len(sess.token_ids)},
+            )
+            return web.Response(status=499)
+        finally:
+            self.metrics.running.labels(**labels).dec()
+            self._slots.release()
+
+    @staticmethod
+    def _check_client(request: web.Request) -> None:
+        if request.transport is None or request.transport.is_closing():
+            raise _ClientGone
+
+    async def _local_prefill(
+        self, request: web.Request, sess: _Session, streamer: _PrefillStreamer | None
+    ) -> None:
+        runner = sess.runner
+        cache = runner.new_cache()
+        ids = sess.prompt_ids
+        logits = None
+        try:
+            for start in range(0, len(ids), runner.chunk_tokens):
+                self._check_client(request)
+                end = min(start + runner.chunk_tokens, len(ids))
+
+                def chunk(start: int = start, end: int = end) -> Any:
+                    out = runner.prefill_chunk(cache, ids, start, end)
+                    if streamer is not None:
+                        streamer.on_chunk(cache, start, end, out)
+                    return out
+
+                logits = await self._compute(chunk)
+        except BaseException:
+            if streamer is not None:
+                await asyncio.shield(streamer.abort("prefill failed"))
+            raise
+        sess.cache, sess.logits = cache, logits
+
+    async def _start(self, request: web.Request, sess: _Session) -> None:
+        """Fill the cache: local prefill, prefill + stream to a decoder, or import remote KV."""
+        kv = sess.req.kv
+        labels = {"model_name": sess.req.model}
+        t0 = time.monotonic()
+        if kv is not None and kv.do_remote_decode:
+            streamer = _PrefillStreamer(sess, kv.kv_destination, self.open_sender)
+            try:
+                await self._local_prefill(request, sess, streamer)
+                summary = await streamer.finish()
+            except TransferError:
+                await asyncio.shield(streamer.abort("transfer failed"))
+                self.metrics.kv_transfers.labels(direction="send", outcome="failed", **labels).inc()
+                raise
+            self.metrics.kv_transfers.labels(direction="send", outcome="ok", **labels).inc()
+            self.metrics.kv_bytes.labels(direction="send", **labels).inc(summary.bytes)
+            sess.path = "prefill"
+            sess.kv_summary = {
+                "transfer_id": summary.transfer_id,
+                "segments": summary.segments,
+                "bytes": summary.bytes,
+                "send_seconds": round(summary.seconds, 6),
+                "fingerprint": sess.lm.fingerprint,
+                "prompt_tokens": len(sess.prompt_ids),
+                "do_remote_prefill": True,
+                **summary.extra,
+            }
+            self.metrics.prompt_by_source.labels(source="local_compute", **labels).inc(
+                len(sess.prompt_ids)
+            )
+        elif kv is not None and kv.do_remote_prefill:
+            try:
+                await self._import(sess)
+                sess.path = "remote"
+                self.metrics.kv_transfers.labels(direction="receive", outcome="ok", **labels).inc()
+                self.metrics.prompt_by_source.labels(source="external_kv_transfer", **labels).inc(
+                    len(sess.prompt_ids)
+                )
+            except TransferError as exc:
+                self.metrics.kv_transfers.labels(
+                    direction="receive", outcome=exc.reason, **labels
+                ).inc()
+                if kv.fallback != "local":
+                    raise
+                sess.path, sess.fallback_reason = "fallback", exc.reason
+                await self._local_prefill(request, sess, None)
+                self.metrics.prompt_by_source.labels(source="local_compute", **labels).inc(
+                    len(sess.prompt_ids)
+                )
+        else:
+            await self._local_prefill(request, sess, None)
+            self.metrics.prompt_by_source.labels(source="local_compute", **labels).inc(
+                len(sess.prompt_ids)
+            )
+        sess.timings["prefill_s"] = time.monotonic() - t0
+        self.metrics.prefill_time.labels(**labels).observe(sess.timings["prefill_s"])
+        self.metrics.prompt_tokens.labels(**labels).inc(len(sess.prompt_ids))
+
+    async def _import(self, sess: _Session) -> None:
+        kv = sess.req.kv
+        if kv is None or self.receiver is None:
+            raise TransferRejected("kv_transfer_params: no transfer to import")
+        received = await self.receiver.receive(kv.transfer_id, sess.lm.fingerprint, kv.deadline_s)
+        manifest = received.header.manifest
+        if manifest.prompt_digest != kvstate.prompt_digest(sess.prompt_ids):
+            raise TransferRejected("prompt: the transfer's KV was computed for a different prompt")
+        try:
+            sess.cache, sess.logits = await self._compute(
+                kvstate.import_cache, sess.lm.model.config, manifest, received.segments
+            )
+        except kvstate.KvLayoutError as exc:
+            raise TransferRejected(f"layout: {exc}") from exc
+        self.metrics.kv_bytes.labels(direction="receive", model_name=sess.req.model).inc(
+            sum(len(v) for v in received.segments.values())
+        )
+        sess.timings["kv_wait_s"] = received.wait_seconds
+
+    async def _tokens(self, request: web.Request, sess: _Session, tracker: TextTracker) -> Any:
+        """Async generator of (token, digest, text delta); stops at max_tokens, EOS or a stop string."""
+        sampling = Sampling(sess.req.temperature, sess.req.top_p, sess.req.seed)
+        eos = None if sess.req.ignore_eos else sess.lm.tokenizer.eos_token_id
+        position = len(sess.prompt_ids)
+        labels = {"model_name": sess.req.model}
+        last = time.monotonic()
+        for i in range(sess.req.max_tokens):
+            self._check_client(request)
+            if i > 0:
+                prev = sess.token_ids[-1]
+                sess.logits = await self._compute(
+                    sess.runner.step, sess.cache, prev, position + i - 1
+                )
+            token = sampling.pick(sess.logits)
+            digest = await self._compute(_digest, sess.logits)
+            now = time.monotonic()
+            if i == 0:
+                sess.timings["ttft_s"] = now - sess.t_arrival
+                self.metrics.ttft.labels(**labels).observe(sess.timings["ttft_s"])
+            else:
+                self.metrics.itl.labels(**labels).observe(now - last)
+            last = now
+            sess.token_ids.append(token)
+            sess.digests.append(digest)
+            self.metrics.generation_tokens.labels(**labels).inc()
+            if token == eos:
+                yield token, digest, tracker.flush(), "stop"
+                return
+            delta = tracker.add(token)
+            if tracker.stopped:
+                yield token, digest, delta, "stop"
+                return
+            if i + 1 == sess.req.max_tokens:
+                yield token, digest, delta + tracker.flush(), "length"
+            else:
+                yield token, digest, delta, None
+
+    def _ext(self, sess: _Session) -> dict[str, Any]:
+        sess.timings["e2e_s"] = time.monotonic() - sess.t_arrival
+        return {
+            "path": sess.path,
+            "fallback_reason": sess.fallback_reason,
+            "chunked_prefill_tokens": sess.runner.chunk_tokens,
+            "timings": {k: round(v, 6) for k, v in sess.timings.items()},
+        }
+
+    def _finish(self, sess: _Session, reason: str) -> None:
+        labels = {"model_name": sess.req.model}
+        self.metrics.e2e.labels(**labels).observe(time.monotonic() - sess.t_arrival)
+        decode_s = time.monotonic() - sess.t_arrival - sess.timings.get("ttft_s", 0.0)
+        self.metrics.decode_time.labels(**labels).observe(max(decode_s, 0.0))
+        self.metrics.success.labels(finished_reason=reason, **labels).inc()
+
+    async def _collect(self, request: web.Request, sess: _Session) -> web.Response:
+        tracker = TextTracker(sess.lm.tokenizer, sess.req.stop)
+        finish = "length"
+        async for _tok, _dig, _delta, reason in self._tokens(request, sess, tracker):
+            finish = reason or finish
+        tracker.flush()
+        self._finish(sess, finish)
+        body = full_body(
+            sess.req,
+            completion_id(sess.req.chat),
+            text=tracker.text,
+            finish=finish,
+            prompt_ids=sess.prompt_ids,
+            token_ids=sess.token_ids,
+            digests=sess.digests,
+            ext=self._ext(sess),
+            kv=sess.kv_summary,
+        )
+        return web.json_response(body, headers={"x-pdbridge-path": sess.path})
+
+    async def _stream(self, request: web.Request, sess: _Session) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "x-pdbridge-path": sess.path,
+            }
+        )
+        req = sess.req
+        cid, created = completion_id(req.chat), int(time.time())
+        tracker = TextTracker(sess.lm.tokenizer, req.stop)
+        try:
+            await resp.prepare(request)
+            if req.chat:
+                await resp.write(
+                    sse(
+                        chunk_body(
+                            req,
+                            cid,
+                            created,
+                            text="",
+                            finish=None,
+                            token_ids=[],
+                            digests=[],
+                            role=True,
+                        )
+                    )
+                )
+            finish = "length"
+            async for tok, dig, delta, reason in self._tokens(request, sess, tracker):
+                finish = reason or finish
+                body = chunk_body(
+                    req, cid, created, text=delta, finish=reason, token_ids=[tok], digests=[dig]
+                )
+                await resp.write(sse(body))
+            self._finish(sess, finish)
+            if req.include_usage:
+                tail = {
+                    "id": cid,
+                    "object": "chat.completion.chunk" if req.chat else "text_completion",
+                    "created": created,
+                    "model": req.model,
+                    "choices": [],
+                    "usage": usage(len(sess.prompt_ids), len(sess.token_ids)),
+                    "prompt_token_ids": sess.prompt_ids,
+                    "kv_transfer_params": sess.kv_summary,
+                    "pdbridge": self._ext(sess),
+                }
+                await resp.write(sse(tail))
+            await resp.write(sse("[DONE]"))
+            await resp.write_eof()
+        except (ConnectionResetError, ConnectionError) as exc:
+            raise _ClientGone from exc
+        return resp
+
+
+def _digest(logits: Any) -> str:
+    from agents.engines.reference.runner import logits_digest
+
+    return logits_digest(logits)

@@ -1,0 +1,188 @@
+"""Client side connections to one receiver: N channels (one TCP connection each), a shared
+token-bucket rate ceiling, a goodput estimate for ``auto`` compression, and RTT pings.
+
+A :class:`Link` may carry many transfers one after another or at once (the prefill engine
+keeps one per decode site). Not thread-safe; use from one asyncio loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import grpc
+
+from grpc_kv.metrics import SENDER_METRICS, LinkMetrics
+from grpc_kv.options import LinkOptions, grpc_options
+from grpc_kv.protocol import PACKAGE, pb
+from grpc_kv.tls import TLSConfig
+
+METHOD = f"/{PACKAGE}.KvLink/"
+#: End-of-stream marker of grpc.aio calls (missing from the type stubs).
+EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
+
+
+class TokenBucket:
+    """Rate ceiling on wire bytes shared by every connection of a link. ``take`` may leave
+    the bucket in debt and then sleeps the debt off, so a chunk larger than the burst
+    still goes out at the configured average rate."""
+
+    def __init__(self, bytes_per_s: float, burst: float) -> None:
+        self.rate = bytes_per_s
+        self.burst = burst
+        self._tokens = burst
+        self._stamp = time.monotonic()
+
+    async def take(self, n: int) -> None:
+        if self.rate <= 0:
+            return
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+        self._tokens -= n
+        if self._tokens < 0:
+            await asyncio.sleep(-self._tokens / self.rate)
+
+
+class Link:
+    """Connections from this process to one receiver ``target`` (``host:port``).
+
+    Created by :func:`grpc_kv.sender.open_transfer` when none is passed; long-lived users
+    create one, pass it as ``link=`` and ``await link.close()`` at shutdown.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        options: LinkOptions | None = None,
+        tls: TLSConfig | None = None,
+        metrics: LinkMetrics | None = None,
+    ) -> None:
+        if tls is None:
+            raise ValueError("tls: required (TLSConfig(...) or TLSConfig.development())")
+        self.target = target
+        self.options = options or LinkOptions()
+        self.tls = tls
+        self.metrics = metrics or SENDER_METRICS
+        max_message = self.options.chunk_size_bytes + (1 << 20)
+        opts = grpc_options(max(max_message, 64 << 20), self.options.keepalive_ms)
+        self.channels = [self.tls.channel(target, opts) for _ in range(self.options.connections)]
+        ceiling = self.options.rate_ceiling_bps / 8
+        self.bucket = TokenBucket(ceiling, burst=max(self.options.chunk_size_bytes, ceiling * 0.05))
+        self._window_bytes = 0
+        self._window_start = time.monotonic()
+        self.goodput_bytes_per_s = 0.0
+        self._measuring: asyncio.Future[dict[str, Any]] | None = None
+
+    def unary(self, index: int, name: str, response: Any) -> Any:
+        return self.channels[index % len(self.channels)].unary_unary(
+            METHOD + name, request_serializer=_serialize, response_deserializer=response.FromString
+        )
+
+    def push(self, index: int) -> Any:
+        return self.channels[index].stream_stream(
+            METHOD + "Push", request_serializer=None, response_deserializer=pb.Ack.FromString
+        )
+
+    def probe_call(self, index: int) -> Any:
+        return self.channels[index].stream_unary(
+            METHOD + "Probe",
+            request_serializer=None,
+            response_deserializer=pb.ProbeReply.FromString,
+        )
+
+    async def link_bytes_per_s(self) -> float:
+        """Link capacity in bytes/s for ``auto`` compression: ``link_rate_bps`` when
+        configured, else a short measurement (cached per target for a minute). Goodput
+        seen by transfers is no substitute: while compressing it measures the codec."""
+        if self.options.link_rate_bps > 0:
+            return self.options.link_rate_bps / 8
+        cached = _MEASURED.get(self.target)
+        if cached is not None and time.monotonic() - cached[0] < 60:
+            return cached[1]
+        if self._measuring is None:
+            self._measuring = asyncio.ensure_future(self.measure_rate(0.3, 32 << 20))
+        try:
+            rate = (await asyncio.shield(self._measuring))["bytes_per_s"]
+        finally:
+            self._measuring = None
+        _MEASURED[self.target] = (time.monotonic(), rate)
+        return float(rate)
+
+    async def measure_rate(self, seconds: float, max_bytes: int | None = None) -> dict[str, Any]:
+        """Push random 1 MiB probe blocks over every connection for ``seconds`` (or until
+        ``max_bytes``); returns bytes, seconds (receiver-timed) and bytes_per_s."""
+        block = os.urandom(PROBE_BLOCK)
+        frame = b"\x0a" + _varint(len(block)) + block  # ProbeBlock{payload}: field 1, bytes
+        budget = (max_bytes or 1 << 62) // len(self.channels)
+        stop_at = time.monotonic() + seconds
+
+        async def one(index: int) -> Any:
+            call = self.probe_call(index)(timeout=seconds + 30)
+            sent = 0
+            while time.monotonic() < stop_at and sent < budget:
+                await call.write(frame)
+                sent += len(block)
+            await call.done_writing()
+            return await call
+
+        start = time.perf_counter()
+        replies = await asyncio.gather(*(one(i) for i in range(len(self.channels))))
+        wall = time.perf_counter() - start
+        total = sum(int(r.bytes) for r in replies)
+        # Receiver-side timing excludes the sender's socket buffering; else wall time.
+        busy = max((float(r.seconds) for r in replies), default=0.0) or wall
+        return {"bytes": total, "seconds": busy, "bytes_per_s": total / busy if busy else 0.0}
+
+    def observe_acked(self, wire_bytes: int) -> None:
+        """Fold acknowledged wire bytes into the goodput estimate (EWMA over >= 250 ms)."""
+        self._window_bytes += wire_bytes
+        now = time.monotonic()
+        elapsed = now - self._window_start
+        if elapsed >= 0.25:
+            rate = self._window_bytes / elapsed
+            self.goodput_bytes_per_s = (
+                rate
+                if not self.goodput_bytes_per_s
+                else 0.7 * self.goodput_bytes_per_s + 0.3 * rate
+            )
+            self._window_bytes = 0
+            self._window_start = now
+
+    async def ping(self, count: int = 5) -> float:
+        """Median round trip of ``count`` Ping RPCs in seconds (also the RTT gauge)."""
+        call = self.unary(0, "Ping", pb.PingReply)
+        samples = []
+        for nonce in range(count):
+            start = time.perf_counter()
+            await call(pb.PingRequest(nonce=nonce), timeout=self.options.rpc_timeout_ms / 1000)
+            samples.append(time.perf_counter() - start)
+        samples.sort()
+        rtt = samples[len(samples) // 2]
+        self.metrics.rtt.labels(self.target).set(rtt)
+        return rtt
+
+    async def close(self) -> None:
+        await asyncio.gather(*(channel.close(None) for channel in self.channels))
+
+
+_MEASURED: dict[str, tuple[float, float]] = {}
+PROBE_BLOCK = 1 << 20
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _serialize(message: Any) -> bytes:
+    return bytes(message.SerializeToString())

@@ -1,0 +1,1 @@
+"""Protocol definitions of the KV link (generated stubs live beside the .proto)."""

@@ -1,0 +1,305 @@
+"""The receiving end of the KV link: a gRPC server embeddable in any asyncio process.
+
+``ReceiverServer(bind, options, tls)``; ``port = await server.start()``; consumers call
+``await server.open(transfer_id, deadline_s, expect_fingerprint=...)``; ``await
+server.stop(grace)``. With ``local_socket=path`` the same consumer API is also served on a
+Unix socket (``KvConsumer.Consume``) for an engine in another process (see
+:mod:`grpc_kv.local`). Handlers parse requests themselves so that a malformed frame is
+INVALID_ARGUMENT (not INTERNAL) and only its own stream ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from grpc_kv.codec import CorruptChunk
+from grpc_kv.manifest import Fingerprint, fingerprint_from_pb
+from grpc_kv.metrics import LinkMetrics
+from grpc_kv.options import ReceiverOptions, grpc_options
+from grpc_kv.protocol import PACKAGE, pb
+from grpc_kv.store import (
+    ROLE,
+    BeginRefused,
+    ChunkRejected,
+    TransferFailed,
+    TransferReader,
+    TransferStore,
+    decode_chunk,
+)
+from grpc_kv.tls import PeerRejected, TLSConfig
+
+log = logging.getLogger("grpc_kv.receiver")
+
+SERVICE = f"{PACKAGE}.KvLink"
+CONSUMER_SERVICE = f"{PACKAGE}.KvConsumer"
+# Chunks above this many bytes are decoded in a worker thread to keep the loop responsive.
+_THREAD_DECODE_BYTES = 256 * 1024
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+def _parse(message_type: Any, data: bytes, field: str) -> Any:
+    msg = message_type()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise ChunkRejected(f"{field}: malformed {message_type.DESCRIPTOR.name} frame") from exc
+    return msg
+
+
+class _Servicer:
+    def __init__(self, server: ReceiverServer) -> None:
+        self.server = server
+        self.store = server.store
+        self.metrics = server.metrics
+
+    async def _authorize(self, context: Context) -> str:
+        try:
+            return self.server.tls.authorize(context)
+        except PeerRejected as exc:
+            self.metrics.rejected_peers.labels(ROLE, "not_allowed").inc()
+            log.warning("peer_rejected peer=%s reason=%s", context.peer(), exc)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            raise  # unreachable: abort raises
+
+    async def _invalid(self, context: Context, exc: Exception) -> None:
+        self.metrics.invalid.labels(ROLE).inc()
+        log.warning("frame_invalid peer=%s error=%s", context.peer(), exc)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+    async def begin(self, data: bytes, context: Context) -> bytes:
+        await self._authorize(context)
+        try:
+            request = _parse(pb.BeginRequest, data, "begin")
+            return bytes(self.store.begin(request).SerializeToString())
+        except ChunkRejected as exc:
+            await self._invalid(context, exc)
+        except BeginRefused as exc:
+            log.warning("begin_refused code=%s detail=%s", exc.code.name, exc.detail)
+            await context.abort(exc.code, exc.detail)
+        raise AssertionError("unreachable")
+
+    async def push(self, requests: AsyncIterator[bytes], context: Context) -> AsyncIterator[bytes]:
+        await self._authorize(context)
+        max_chunk = self.server.options.max_chunk_bytes
+        async for data in requests:
+            try:
+                chunk = _parse(pb.Chunk, data, "chunk")
+                transfer = self.store.lookup(chunk.transfer_id)
+                verdict = self.store.check_chunk(transfer, chunk)
+                status = pb.ACK_OK
+                detail = ""
+                if verdict == "busy":
+                    status, detail = pb.ACK_BUSY, "receiver memory budget exhausted"
+                elif verdict is None:
+                    try:
+                        if chunk.raw_length > _THREAD_DECODE_BYTES:
+                            raw = await asyncio.to_thread(
+                                decode_chunk, chunk, transfer.checksum_kind, max_chunk
+                            )
+                        else:
+                            raw = decode_chunk(chunk, transfer.checksum_kind, max_chunk)
+                        self.store.accept(transfer, chunk, raw)
+                    except CorruptChunk as exc:
+                        self.metrics.checksum_failures.labels(ROLE).inc()
+                        log.warning(
+                            "chunk_corrupt transfer_id=%s seq=%d error=%s",
+                            chunk.transfer_id,
+                            chunk.seq,
+                            exc,
+                        )
+                        status, detail = pb.ACK_CORRUPT, str(exc)
+            except ChunkRejected as exc:
+                await self._invalid(context, exc)
+                return
+            except BeginRefused as exc:
+                await context.abort(exc.code, exc.detail)
+                return
+            yield pb.Ack(
+                seq=chunk.seq, status=status, contiguous=transfer.contiguous, detail=detail
+            ).SerializeToString()
+
+    async def finish(self, data: bytes, context: Context) -> bytes:
+        await self._authorize(context)
+        try:
+            return bytes(self.store.finish(_parse(pb.Trailer, data, "trailer")).SerializeToString())
+        except ChunkRejected as exc:
+            await self._invalid(context, exc)
+        except BeginRefused as exc:
+            await context.abort(exc.code, exc.detail)
+        raise AssertionError("unreachable")
+
+    async def cancel(self, data: bytes, context: Context) -> bytes:
+        await self._authorize(context)
+        try:
+            request = _parse(pb.CancelRequest, data, "cancel")
+        except ChunkRejected as exc:
+            await self._invalid(context, exc)
+            raise
+        self.store.cancel(request.transfer_id, request.reason)
+        return bytes(pb.CancelReply().SerializeToString())
+
+    async def ping(self, data: bytes, context: Context) -> bytes:
+        await self._authorize(context)
+        try:
+            request = _parse(pb.PingRequest, data, "ping")
+        except ChunkRejected as exc:
+            await self._invalid(context, exc)
+            raise
+        return bytes(pb.PingReply(nonce=request.nonce, protocol_version=1).SerializeToString())
+
+    async def probe(self, requests: AsyncIterator[bytes], context: Context) -> bytes:
+        await self._authorize(context)
+        total, first, last = 0, 0.0, 0.0
+        async for data in requests:
+            now = time.perf_counter()
+            first = first or now
+            last = now
+            total += len(data)
+        return bytes(pb.ProbeReply(bytes=total, seconds=last - first).SerializeToString())
+
+    async def consume(self, data: bytes, context: Context) -> AsyncIterator[bytes]:
+        try:
+            request = _parse(pb.ConsumeRequest, data, "consume")
+        except ChunkRejected as exc:
+            await self._invalid(context, exc)
+            return
+        expect = None
+        if request.HasField("expect_fingerprint"):
+            expect = fingerprint_from_pb(request.expect_fingerprint)
+        try:
+            async with await self.server.open(
+                request.transfer_id, request.deadline_s or 30.0, expect
+            ) as reader:
+                header = await reader.wait_header()
+                yield pb.Segment(header=header.to_pb()).SerializeToString()
+                async for segment in reader:
+                    yield pb.Segment(
+                        layer=segment.layer,
+                        offset=segment.offset,
+                        layer_final=segment.final,
+                        data=segment.data,
+                    ).SerializeToString()
+        except TransferFailed as exc:
+            code = grpc.StatusCode.FAILED_PRECONDITION
+            if "deadline" in str(exc):
+                code = grpc.StatusCode.DEADLINE_EXCEEDED
+            await context.abort(code, str(exc))
+
+
+def _unary(fn: Callable[[bytes, Context], Awaitable[bytes]]) -> grpc.RpcMethodHandler:
+    return grpc.unary_unary_rpc_method_handler(fn)
+
+
+class ReceiverServer:
+    """An embeddable KV-link receiver (see module docstring).
+
+    ``bind``: ``host:port`` (port 0 = ephemeral). ``accept_fingerprints``: when set, Begin
+    refuses any other model before data is accepted. Not thread-safe: use it from the loop
+    that started it. Metrics live in ``self.metrics`` (own registry).
+    """
+
+    def __init__(
+        self,
+        bind: str = "127.0.0.1:0",
+        options: ReceiverOptions | None = None,
+        tls: TLSConfig | None = None,
+        *,
+        local_socket: Path | str | None = None,
+        accept_fingerprints: set[Fingerprint] | None = None,
+        metrics: LinkMetrics | None = None,
+    ) -> None:
+        if tls is None:
+            raise ValueError("tls: required (TLSConfig(...) or TLSConfig.development())")
+        self.bind = bind
+        self.options = options or ReceiverOptions()
+        self.tls = tls
+        self.local_socket = Path(local_socket) if local_socket else None
+        self.metrics = metrics or LinkMetrics()
+        self.store = TransferStore(self.options, self.metrics, accept_fingerprints)
+        self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        self.port: int | None = None
+        self._server: grpc.aio.Server | None = None
+        self._local: grpc.aio.Server | None = None
+
+    @property
+    def memory_in_use(self) -> int:
+        """Decoded bytes currently held (0 when every transfer was consumed or expired)."""
+        return self.store.memory_in_use
+
+    @property
+    def active_transfers(self) -> int:
+        return len(self.store.transfers)
+
+    async def start(self) -> int:
+        """Bind and serve; returns the bound TCP port. Raises RuntimeError if binding fails."""
+        servicer = _Servicer(self)
+        max_message = self.options.max_chunk_bytes + (1 << 20)
+        opts = grpc_options(max_message, self.options.keepalive_ms)
+        handlers = {
+            "Begin": _unary(servicer.begin),
+            "Push": grpc.stream_stream_rpc_method_handler(servicer.push),
+            "Finish": _unary(servicer.finish),
+            "Cancel": _unary(servicer.cancel),
+            "Ping": _unary(servicer.ping),
+            "Probe": grpc.stream_unary_rpc_method_handler(servicer.probe),
+        }
+        self._server = grpc.aio.server(options=opts)
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, handlers),)
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
+        try:
+            port = self.tls.add_port(self._server, self.bind)
+        except RuntimeError as exc:
+            raise RuntimeError(f"bind: cannot listen on {self.bind}: {exc}") from exc
+        if port == 0:
+            raise RuntimeError(f"bind: cannot listen on {self.bind}")
+        self.port = port
+        self.store.start()
+        await self._server.start()
+        if self.local_socket is not None:
+            self.local_socket.unlink(missing_ok=True)
+            self._local = grpc.aio.server(options=opts)
+            consume = grpc.unary_stream_rpc_method_handler(servicer.consume)
+            self._local.add_generic_rpc_handlers(
+                (grpc.method_handlers_generic_handler(CONSUMER_SERVICE, {"Consume": consume}),)
+            )
+            self._local.add_insecure_port(f"unix:{self.local_socket}")
+            await self._local.start()
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        log.info("receiver_started bind=%s port=%d insecure=%s", self.bind, port, self.tls.insecure)
+        return port
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        """Stop accepting, let in-flight RPCs finish for ``grace`` seconds, fail the rest."""
+        await self.health.enter_graceful_shutdown()
+        for server in (self._local, self._server):
+            if server is not None:
+                await server.stop(grace)
+        await self.store.stop()
+        log.info("receiver_stopped port=%s", self.port)
+
+    async def open(
+        self,
+        transfer_id: str,
+        deadline_s: float,
+        expect_fingerprint: Fingerprint | None = None,
+    ) -> TransferReader:
+        """Await a transfer's header (up to ``deadline_s``) and return its reader.
+
+        May be called before the sender begins: an ``expect_fingerprint`` given then makes
+        the receiver refuse a sender with another model at Begin, before any data. Raises
+        TransferFailed (deadline, expiry, cancel) or FingerprintMismatch. Non-blocking.
+        """
+        return await self.store.open(transfer_id, deadline_s, expect_fingerprint)

@@ -1,0 +1,585 @@
+"""The producing end of the KV link: stream a request's KV layer by layer to a receiver.
+
+    async with open_transfer(target, header, options, tls) as tx:
+        await tx.send_layer("layers.0.kv", data, final=True)   # as each layer is computed
+        summary = await tx.finish()
+
+``send_layer`` returns once its chunks are encoded and queued (it blocks only when the send
+buffer is full), so prefill keeps computing while earlier layers travel. Chunks are striped
+over ``connections`` streams, each on its own TCP connection, at most ``window`` in flight.
+A corrupt chunk is resent; a broken connection reconnects with backoff and resumes from
+what the receiver holds. Failures surface from ``send_layer``/``finish`` as TransferError
+(TransferTimeout past ``timeout_ms``, TransferRefused for a refusal no retry can fix).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from grpc_kv.codec import (
+    CHECKSUM_TO_PB,
+    CODEC_TO_PB,
+    AutoCodec,
+    Codec,
+    checksum,
+    compress,
+    split,
+    transfer_digest,
+)
+from grpc_kv.link import EOF, Link
+from grpc_kv.manifest import TransferHeader
+from grpc_kv.options import LinkOptions
+from grpc_kv.protocol import PROTOCOL_VERSION, pb
+from grpc_kv.tls import TLSConfig
+
+log = logging.getLogger("grpc_kv.sender")
+ROLE = "sender"
+_THREAD_ENCODE_BYTES = 256 * 1024
+# Statuses no retry can fix: the transfer fails at once.
+_FATAL = {
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.DATA_LOSS,
+    grpc.StatusCode.NOT_FOUND,
+}
+
+
+class TransferError(Exception):
+    """A transfer failed; ``code`` is the receiver's gRPC status when it refused."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class TransferTimeout(TransferError):
+    """The transfer did not complete within ``timeout_ms``."""
+
+
+class TransferRefused(TransferError):
+    """The receiver refused (fingerprint, version, id reuse, peer not allowed, bad frame)."""
+
+
+@dataclass
+class TransferSummary:
+    """What a finished transfer cost: returned by :meth:`Transfer.finish`."""
+
+    transfer_id: str
+    bytes_raw: int = 0
+    bytes_wire: int = 0
+    chunks: int = 0
+    retransmits: int = 0
+    resent_bytes: int = 0
+    resumes: int = 0
+    checksum_failures: int = 0
+    busy: int = 0
+    seconds: float = 0.0
+    codecs: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def goodput_mbit_s(self) -> float:
+        return self.bytes_raw * 8 / 1e6 / self.seconds if self.seconds else 0.0
+
+
+@dataclass(eq=False, repr=False)  # identity semantics: frames are megabytes
+class _Chunk:
+    seq: int
+    frame: bytes
+    raw: int
+    wire: int
+    checksum: int
+    attempts: int = 0
+    sends: int = 0
+    conn: int = -1
+    queued: bool = False
+
+
+def _encode(data: memoryview, codec: Codec, level: int, kind: Any) -> tuple[bytes, int]:
+    return compress(codec, data, level), checksum(kind, data)
+
+
+class Transfer:
+    """One transfer in progress; made by :func:`open_transfer` (see module docstring)."""
+
+    def __init__(self, link: Link, header: TransferHeader, options: LinkOptions) -> None:
+        self.link = link
+        self.header = header
+        self.options = options
+        self.session = uuid.uuid4().hex
+        self.summary = TransferSummary(header.transfer_id)
+        self._auto = AutoCodec(level=options.zstd_level)
+        self._started = time.monotonic()
+        self._deadline = self._started + options.timeout_ms / 1000
+        self._next_seq = 0
+        self._checksums: list[int] = []
+        self._layer_ends: dict[str, int] = {}
+        self._final_layers: set[str] = set()
+        self._queue: deque[_Chunk] = deque()
+        self._inflight: dict[int, _Chunk] = {}
+        self._unacked: dict[int, _Chunk] = {}
+        self._buffered = 0
+        self._closed = False  # producer called finish
+        self._error: TransferError | None = None
+        self._cond = asyncio.Condition()
+        self._workers: list[asyncio.Task[None]] = []
+        self._begun = asyncio.Event()
+        self._done = False
+        self._active = False
+        self._timers: set[asyncio.Future[None]] = set()
+
+    # -- helpers -------------------------------------------------------------------------
+    def remaining(self) -> float:
+        return self._deadline - time.monotonic()
+
+    def _rpc_timeout(self) -> float:
+        return max(0.05, min(self.options.rpc_timeout_ms / 1000, self.remaining()))
+
+    async def _notify(self) -> None:
+        async with self._cond:
+            self._cond.notify_all()
+
+    def _fail(self, error: TransferError) -> None:
+        if self._error is None:
+            self._error = error
+            log.warning(
+                "transfer_failed transfer_id=%s request_id=%s error=%s",
+                self.header.transfer_id,
+                self.header.request_id,
+                error,
+            )
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self.remaining() <= 0:
+            self._fail(
+                TransferTimeout(
+                    f"transfer {self.header.transfer_id!r} missed its deadline of "
+                    f"{self.options.timeout_ms} ms"
+                )
+            )
+            raise self._error  # type: ignore[misc]
+
+    def _backoff(self, attempt: int) -> float:
+        base = self.options.backoff_ms / 1000 * (2 ** min(attempt, 6))
+        return base * random.uniform(0.5, 1.5)  # noqa: S311 - jitter, not security
+
+    # -- start ---------------------------------------------------------------------------
+    async def _begin(self, resume: bool) -> None:
+        request = pb.BeginRequest(
+            protocol_version=PROTOCOL_VERSION,
+            header=self.header.to_pb(),
+            session=self.session,
+            deadline_ms=max(1, int(self.remaining() * 1000)),
+            checksum=CHECKSUM_TO_PB[self.options.checksum],
+        )
+        reply = await self.link.unary(0, "Begin", pb.BeginReply)(
+            request, timeout=self._rpc_timeout()
+        )
+        if resume:
+            held = set(reply.held)
+            for chunk in list(self._unacked.values()):
+                if chunk.seq < reply.contiguous or chunk.seq in held:
+                    self._acked(chunk)
+            await self._notify()
+            self.summary.resumes += 1
+            self.link.metrics.resumes.labels(ROLE).inc()
+            log.info(
+                "transfer_resumed transfer_id=%s contiguous=%d",
+                self.header.transfer_id,
+                reply.contiguous,
+            )
+
+    async def start(self) -> None:
+        """Begin the transfer (retrying an unreachable receiver until the deadline) and
+        start one stream worker per connection."""
+        attempt = 0
+        while True:
+            self._raise_if_failed()
+            try:
+                await self._begin(resume=False)
+                break
+            except grpc.aio.AioRpcError as exc:
+                self._handle_rpc_error(exc, "begin")
+                await asyncio.sleep(min(self._backoff(attempt), max(self.remaining(), 0)))
+                attempt += 1
+        self.link.metrics.active.labels(ROLE).inc()
+        self._active = True
+        self._workers = [
+            asyncio.create_task(self._worker(i), name=f"kv-push-{i}")
+            for i in range(len(self.link.channels))
+        ]
+
+    def _handle_rpc_error(self, exc: grpc.aio.AioRpcError, what: str) -> None:
+        code = exc.code()
+        if code in _FATAL:
+            self._fail(TransferRefused(f"{what}: {code.name}: {exc.details()}", code))
+            raise self._error  # type: ignore[misc]
+        if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "message larger" in (exc.details() or ""):
+            self._fail(TransferRefused(f"{what}: chunk larger than the receiver accepts", code))
+            raise self._error  # type: ignore[misc]
+        log.info(
+            "rpc_retry transfer_id=%s what=%s code=%s detail=%s",
+            self.header.transfer_id,
+            what,
+            code.name,
+            exc.details(),
+        )
+        self._raise_if_failed()
+
+    # -- producer API --------------------------------------------------------------------
+    async def send_layer(
+        self,
+        name: str,
+        data: bytes | bytearray | memoryview,
+        offset: int | None = None,
+        final: bool = True,
+    ) -> None:
+        """Queue ``data`` as the bytes of layer ``name`` starting at ``offset`` (default:
+        where the layer's previous segment ended; segments are append-only). ``final``
+        marks the layer complete. Returns when queued; blocks while the send buffer is
+        full. Raises ValueError for a layer not in the manifest, a gap/overlap, or data
+        after final; TransferError when the transfer has failed."""
+        self._raise_if_failed()
+        if self._closed:
+            raise ValueError("send_layer: the transfer is already finishing")
+        if self.header.layers and self.header.layer(name) is None:
+            raise ValueError(f"layer: {name!r} is not in the header's layout manifest")
+        if name in self._final_layers:
+            raise ValueError(f"layer: {name!r} was already sent with final=True")
+        end = self._layer_ends.get(name, 0)
+        if offset is None:
+            offset = end
+        if offset != end:
+            raise ValueError(f"offset: layer {name!r} continues at {end}, got {offset}")
+        view = memoryview(data).cast("B")
+        pieces = list(split(view, self.options.chunk_size_bytes))
+        for i, (start, piece) in enumerate(pieces):
+            await self._enqueue(name, offset + start, piece, final and i == len(pieces) - 1)
+        self._layer_ends[name] = offset + len(view)
+        if final:
+            self._final_layers.add(name)
+
+    async def _enqueue(self, layer: str, offset: int, piece: memoryview, final: bool) -> None:
+        codec = self.options.compression
+        if codec is Codec.AUTO:
+            codec = self._auto.choose(piece, await self.link.link_bytes_per_s())
+        args = (piece, codec, self.options.zstd_level, self.options.checksum)
+        if len(piece) > _THREAD_ENCODE_BYTES:
+            payload, raw_sum = await asyncio.to_thread(_encode, *args)
+        else:
+            payload, raw_sum = _encode(*args)
+        seq = self._next_seq
+        self._next_seq += 1
+        frame = pb.Chunk(
+            transfer_id=self.header.transfer_id,
+            seq=seq,
+            layer=layer,
+            offset=offset,
+            layer_final=final,
+            codec=CODEC_TO_PB[codec],
+            raw_length=len(piece),
+            checksum=raw_sum,
+            payload=payload,
+        ).SerializeToString()
+        chunk = _Chunk(seq, frame, len(piece), len(payload), raw_sum)
+        self._checksums.append(raw_sum)
+        self.summary.codecs[codec.value] = self.summary.codecs.get(codec.value, 0) + 1
+        async with self._cond:
+            while self._buffered + chunk.wire > self.options.send_buffer_bytes and self._unacked:
+                self._raise_if_failed()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._cond.wait(), max(self.remaining(), 0.01))
+            self._raise_if_failed()
+            self._buffered += chunk.wire
+            self._unacked[seq] = chunk
+            self._queue.append(chunk)
+            chunk.queued = True
+            self._cond.notify_all()
+
+    async def finish(self) -> TransferSummary:
+        """Wait until every chunk is acknowledged, send the trailer, return the summary.
+        Raises TransferError (TransferTimeout past the deadline)."""
+        self._closed = True
+        await self._notify()
+        async with self._cond:
+            while self._unacked:
+                self._raise_if_failed()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._cond.wait(), max(self.remaining(), 0.01))
+        self._raise_if_failed()
+        trailer = pb.Trailer(
+            transfer_id=self.header.transfer_id,
+            chunk_count=self._next_seq,
+            raw_bytes=sum(self._layer_ends.values()),
+            digest=transfer_digest(self._checksums),
+        )
+        attempt = 0
+        while True:
+            self._raise_if_failed()
+            try:
+                reply = await self.link.unary(attempt, "Finish", pb.FinishReply)(
+                    trailer, timeout=self._rpc_timeout()
+                )
+                break
+            except grpc.aio.AioRpcError as exc:
+                self._handle_rpc_error(exc, "finish")
+                await asyncio.sleep(min(self._backoff(attempt), max(self.remaining(), 0)))
+                attempt += 1
+        if not reply.ok:
+            self._fail(TransferError(f"finish: receiver misses chunks {list(reply.missing)[:8]}"))
+            raise self._error  # type: ignore[misc]
+        self._done = True
+        await self._stop_workers()
+        self.summary.bytes_raw = trailer.raw_bytes
+        self.summary.chunks = self._next_seq
+        self.summary.seconds = time.monotonic() - self._started
+        self._observe("completed")
+        log.info(
+            "transfer_sent transfer_id=%s request_id=%s chunks=%d raw_bytes=%d wire_bytes=%d "
+            "retransmits=%d resumes=%d seconds=%.3f",
+            self.header.transfer_id,
+            self.header.request_id,
+            self.summary.chunks,
+            self.summary.bytes_raw,
+            self.summary.bytes_wire,
+            self.summary.retransmits,
+            self.summary.resumes,
+            self.summary.seconds,
+        )
+        return self.summary
+
+    async def cancel(self, reason: str = "canceled by producer") -> None:
+        """Abandon the transfer: stop streams, tell the receiver (best effort, short
+        deadline) so it frees the memory at once rather than at its TTL."""
+        if self._done:
+            return
+        self._done = True
+        self._fail(TransferError(reason))
+        await self._stop_workers()
+        if not self._active:  # never begun: nothing to free on the receiver
+            return
+        with contextlib.suppress(grpc.aio.AioRpcError):
+            await self.link.unary(0, "Cancel", pb.CancelReply)(
+                pb.CancelRequest(transfer_id=self.header.transfer_id, reason=reason),
+                timeout=min(0.5, self.options.rpc_timeout_ms / 1000),
+            )
+        outcome = "timeout" if isinstance(self._error, TransferTimeout) else "failed"
+        self._observe(outcome)
+
+    def _observe(self, outcome: str) -> None:
+        if not self._active:
+            return
+        self._active = False
+        self.link.metrics.active.labels(ROLE).dec()
+        self.link.metrics.transfer_seconds.labels(ROLE, outcome).observe(
+            time.monotonic() - self._started
+        )
+
+    async def _stop_workers(self) -> None:
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+
+    # -- workers -------------------------------------------------------------------------
+    def _acked(self, chunk: _Chunk) -> None:
+        if self._unacked.pop(chunk.seq, None) is None:
+            return
+        self._inflight.pop(chunk.seq, None)
+        if chunk.queued:
+            self._queue.remove(chunk)
+            chunk.queued = False
+        self._buffered -= chunk.wire
+
+    async def _next(self, index: int, reader: asyncio.Task[None]) -> _Chunk | None:
+        async with self._cond:
+            while True:
+                if reader.done():
+                    return None
+                if self._error is not None or (self._closed and not self._unacked):
+                    return None
+                if self._queue and len(self._inflight) < self.options.window:
+                    chunk = self._queue.popleft()
+                    chunk.queued = False
+                    chunk.conn = index
+                    self._inflight[chunk.seq] = chunk
+                    return chunk
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._cond.wait(), max(self.remaining(), 0.01))
+                if self.remaining() <= 0:
+                    return None
+
+    async def _requeue(self, chunk: _Chunk, counts: bool) -> None:
+        """Put a chunk back at the front; ``counts``: the attempt counts against retry."""
+        async with self._cond:
+            if chunk.seq not in self._unacked:
+                return
+            self._inflight.pop(chunk.seq, None)
+            if counts:
+                chunk.attempts += 1
+                if chunk.attempts > self.options.retry:
+                    self._fail(
+                        TransferError(f"chunk {chunk.seq} failed {chunk.attempts} times (retry)")
+                    )
+            if not chunk.queued:
+                self._queue.appendleft(chunk)
+                chunk.queued = True
+            self._cond.notify_all()
+
+    def _requeue_later(self, chunk: _Chunk, delay: float) -> None:
+        def fire() -> None:
+            task = asyncio.ensure_future(self._requeue(chunk, counts=False))
+            self._timers.add(task)
+            task.add_done_callback(self._timers.discard)
+
+        asyncio.get_running_loop().call_later(delay, fire)
+
+    async def _worker(self, index: int) -> None:
+        failures = 0
+        resume = False
+        while self._error is None and not self._done and self.remaining() > 0:
+            if self._closed and not self._unacked:
+                return
+            try:
+                if resume:
+                    await self._begin(resume=True)
+                await self._stream(index)
+                failures = 0
+                resume = False
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+                if isinstance(exc, grpc.aio.AioRpcError):
+                    with contextlib.suppress(TransferError):
+                        self._handle_rpc_error(exc, "push")
+                await self._requeue_connection(index)
+                await self._notify()
+                if self._error is not None:
+                    return
+                resume = True
+                await asyncio.sleep(min(self._backoff(failures), max(self.remaining(), 0)))
+                failures += 1
+
+    async def _requeue_connection(self, index: int) -> None:
+        for chunk in sorted(self._inflight.values(), key=lambda c: -c.seq):
+            if chunk.conn == index:
+                await self._requeue(chunk, counts=True)
+
+    async def _stream(self, index: int) -> None:
+        call = self.link.push(index)(timeout=max(self.remaining(), 0.01))
+        reader = asyncio.create_task(self._read_acks(call, index))
+        try:
+            while True:
+                chunk = await self._next(index, reader)
+                if chunk is None:
+                    break
+                await self.link.bucket.take(chunk.wire)
+                if chunk.sends:
+                    self.summary.retransmits += 1
+                    self.summary.resent_bytes += chunk.raw
+                    self.link.metrics.retransmits.labels(ROLE).inc()
+                chunk.sends += 1
+                if reader.done():
+                    break
+                try:
+                    await call.write(chunk.frame)
+                except (grpc.aio.UsageError, asyncio.InvalidStateError):
+                    await self._requeue(chunk, counts=True)
+                    break
+                self.summary.bytes_wire += chunk.wire
+                self.link.metrics.bytes_wire.labels(ROLE).inc(chunk.wire)
+            if not reader.done():
+                await call.done_writing()
+            await reader
+        finally:
+            if not reader.done():
+                reader.cancel()
+                call.cancel()
+
+    async def _read_acks(self, call: Any, index: int) -> None:
+        try:
+            await self._read_loop(call, index)
+        finally:
+            # Wake the writer of this connection: it must notice the stream ended.
+            await self._notify()
+
+    async def _read_loop(self, call: Any, index: int) -> None:
+        while True:
+            ack = await call.read()
+            if ack is EOF:
+                # The server ends a stream only on error (raised above) or after we finished
+                # writing; anything still in flight on it goes around again.
+                await self._requeue_connection(index)
+                return
+            chunk = self._unacked.get(ack.seq)
+            if chunk is None:
+                continue
+            if ack.status == pb.ACK_OK:
+                async with self._cond:
+                    self._acked(chunk)
+                    self._cond.notify_all()
+                self.link.observe_acked(chunk.wire)
+                self.link.metrics.bytes_raw.labels(ROLE).inc(chunk.raw)
+                self.link.metrics.chunks.labels(ROLE).inc()
+            elif ack.status == pb.ACK_CORRUPT:
+                self.summary.checksum_failures += 1
+                self.link.metrics.checksum_failures.labels(ROLE).inc()
+                log.warning(
+                    "chunk_resend transfer_id=%s seq=%d detail=%s",
+                    self.header.transfer_id,
+                    ack.seq,
+                    ack.detail,
+                )
+                await self._requeue(chunk, counts=True)
+            else:  # BUSY: the receiver is over its memory budget; back off, not an attempt
+                self.summary.busy += 1
+                async with self._cond:
+                    self._inflight.pop(chunk.seq, None)
+                    self._cond.notify_all()
+                self._requeue_later(chunk, self._backoff(min(self.summary.busy, 4)))
+
+
+@contextlib.asynccontextmanager
+async def open_transfer(
+    target: str,
+    header: TransferHeader,
+    options: LinkOptions | None = None,
+    tls: TLSConfig | None = None,
+    *,
+    link: Link | None = None,
+) -> AsyncIterator[Transfer]:
+    """Open a transfer to the receiver at ``target`` (see module docstring).
+
+    ``link``: an existing :class:`Link` to reuse (its options and TLS then apply unless
+    ``options`` is given); otherwise one is made for this transfer and closed after it.
+    Leaving the block without ``finish()`` (or by an exception, or task cancellation)
+    cancels the transfer on both sides.
+    """
+    own = link is None
+    if link is None:
+        link = Link(target, options, tls)
+    transfer = Transfer(link, header, options or link.options)
+    try:
+        await transfer.start()
+        yield transfer
+        if not transfer._done:
+            await transfer.cancel("producer left the transfer without finish()")
+    except BaseException as exc:
+        await asyncio.shield(transfer.cancel(f"producer error: {type(exc).__name__}"))
+        raise
+    finally:
+        if own:
+            await link.close()

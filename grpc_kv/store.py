@@ -1,0 +1,471 @@
+"""The receiver's transfer store: verified chunks held within a memory budget, handed to
+consumers in sequence order, expired after a TTL.
+
+Used by :mod:`grpc_kv.receiver` (gRPC handlers) from one asyncio loop; nothing here blocks
+except :func:`decode_chunk`, which the handlers run in a worker thread for big chunks.
+Errors: ChunkRejected (peer sent something impossible -> INVALID_ARGUMENT), BeginRefused
+(-> the status it names), TransferFailed (raised to consumers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from grpc_kv.codec import (
+    PB_TO_CHECKSUM,
+    PB_TO_CODEC,
+    Checksum,
+    CodecError,
+    CorruptChunk,
+    checksum,
+    decompress,
+    transfer_digest,
+)
+from grpc_kv.manifest import Fingerprint, TransferHeader
+from grpc_kv.metrics import LinkMetrics
+from grpc_kv.options import ReceiverOptions
+from grpc_kv.protocol import pb
+
+log = logging.getLogger("grpc_kv.receiver")
+ROLE = "receiver"
+
+
+class TransferFailed(Exception):
+    """A transfer a consumer waits for failed: expired, canceled, digest mismatch, deadline."""
+
+
+class FingerprintMismatch(TransferFailed):
+    """The sender's model fingerprint is not the one the consumer expects."""
+
+
+class ChunkRejected(Exception):
+    """A chunk is malformed or contradicts the header: INVALID_ARGUMENT to the sender."""
+
+
+class BeginRefused(Exception):
+    def __init__(self, code: grpc.StatusCode, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+@dataclass
+class Segment:
+    """Verified bytes of one layer at ``offset``; ``final`` marks the layer's last bytes."""
+
+    layer: str
+    offset: int
+    data: bytes
+    final: bool
+
+
+@dataclass
+class _Transfer:
+    transfer_id: str
+    header: TransferHeader | None = None
+    session: str = ""
+    checksum_kind: Checksum = Checksum.XXH3
+    expect: Fingerprint | None = None
+    started: float = field(default_factory=time.monotonic)
+    progress: float = field(default_factory=time.monotonic)
+    deadline: float = float("inf")
+    checksums: dict[int, int] = field(default_factory=dict)
+    raw_bytes: int = 0
+    pending: dict[int, Segment] = field(default_factory=dict)
+    contiguous: int = 0
+    delivered: int = 0
+    held: int = 0
+    layer_ends: dict[str, int] = field(default_factory=dict)
+    finished_layers: set[str] = field(default_factory=set)
+    finished: bool = False
+    failed: str | None = None
+    discard: bool = False
+    consumers: int = 0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def decode_chunk(chunk: Any, kind: Checksum, max_chunk: int) -> bytes:
+    """Decode and verify one chunk (blocking). ChunkRejected for impossible chunks,
+    CorruptChunk when bytes do not match the checksum."""
+    if chunk.raw_length > max_chunk:
+        raise ChunkRejected(f"chunk.raw_length {chunk.raw_length} exceeds the maximum {max_chunk}")
+    codec = PB_TO_CODEC.get(chunk.codec)
+    if codec is None:
+        raise ChunkRejected(f"chunk.codec {chunk.codec} is unknown")
+    try:
+        data = decompress(codec, chunk.payload, chunk.raw_length)
+    except CodecError as exc:
+        raise ChunkRejected(f"chunk {chunk.seq}: {exc}") from exc
+    if checksum(kind, data) != chunk.checksum:
+        raise CorruptChunk(f"chunk {chunk.seq}: checksum mismatch")
+    return data
+
+
+class TransferStore:
+    """All transfers of one receiver. Single asyncio loop; see module docstring."""
+
+    def __init__(
+        self,
+        options: ReceiverOptions,
+        metrics: LinkMetrics,
+        accept_fingerprints: set[Fingerprint] | None = None,
+    ) -> None:
+        self.options = options
+        self.metrics = metrics
+        self.accept_fingerprints = accept_fingerprints
+        self.transfers: dict[str, _Transfer] = {}
+        self.memory_in_use = 0
+        self._ended: OrderedDict[str, str] = OrderedDict()  # id -> "completed" | failure reason
+        self._reaper: asyncio.Task[None] | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
+
+    async def stop(self) -> None:
+        if self._reaper:
+            self._reaper.cancel()
+        for transfer in list(self.transfers.values()):
+            self._fail(transfer, "receiver stopped")
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(0.1)
+            self.reap()
+
+    def reap(self) -> None:
+        """Expire transfers past their deadline or idle past the TTL, freeing their memory."""
+        now = time.monotonic()
+        for transfer in list(self.transfers.values()):
+            if not transfer.finished and now > transfer.deadline + self.options.deadline_grace_s:
+                self._fail(transfer, "deadline passed before the transfer completed")
+            elif now - transfer.progress > self.options.ttl_s:
+                self._fail(transfer, f"no progress for {self.options.ttl_s:g} s (ttl)")
+
+    # -- accounting ----------------------------------------------------------------------
+    def _hold(self, transfer: _Transfer, n: int) -> None:
+        transfer.held += n
+        self.memory_in_use += n
+        self.metrics.memory.set(self.memory_in_use)
+
+    def _release(self, transfer: _Transfer, n: int) -> None:
+        transfer.held -= n
+        self.memory_in_use -= n
+        self.metrics.memory.set(self.memory_in_use)
+
+    def _end(self, transfer: _Transfer, outcome: str) -> None:
+        if self.transfers.get(transfer.transfer_id) is transfer:
+            del self.transfers[transfer.transfer_id]
+            if transfer.header is not None:
+                self.metrics.active.labels(ROLE).dec()
+                self.metrics.transfer_seconds.labels(ROLE, outcome.split(":")[0]).observe(
+                    time.monotonic() - transfer.started
+                )
+        self._release(transfer, transfer.held)
+        transfer.pending.clear()
+        self._ended[transfer.transfer_id] = outcome
+        while len(self._ended) > self.options.remember_completed:
+            self._ended.popitem(last=False)
+
+    def _fail(self, transfer: _Transfer, reason: str) -> None:
+        if transfer.failed or (transfer.finished and transfer.delivered == transfer.contiguous):
+            return
+        transfer.failed = reason
+        log.warning("transfer_failed transfer_id=%s reason=%s", transfer.transfer_id, reason)
+        self._end(transfer, f"failed: {reason}")
+        transfer.changed.set()
+
+    # -- sender side ---------------------------------------------------------------------
+    def begin(self, request: Any) -> Any:
+        """Register a transfer (or resume it: same session). Returns a BeginReply."""
+        if request.protocol_version != 1:
+            raise BeginRefused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"protocol version mismatch: sender speaks pdbridge.kv.v{request.protocol_version},"
+                " this receiver speaks pdbridge.kv.v1",
+            )
+        try:
+            header = TransferHeader.from_pb(request.header)
+        except ValueError as exc:
+            raise BeginRefused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        if not request.session:
+            raise BeginRefused(grpc.StatusCode.INVALID_ARGUMENT, "session: required")
+        kind = PB_TO_CHECKSUM.get(request.checksum)
+        if kind is None:
+            raise BeginRefused(grpc.StatusCode.INVALID_ARGUMENT, "checksum: unknown kind")
+        tid = header.transfer_id
+        ended = self._ended.get(tid)
+        transfer = self.transfers.get(tid)
+        if transfer is None and ended is not None:
+            raise BeginRefused(
+                grpc.StatusCode.ALREADY_EXISTS, f"transfer id {tid!r} was already used ({ended})"
+            )
+        if transfer is not None and transfer.header is not None:
+            if transfer.session != request.session:
+                raise BeginRefused(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"transfer id {tid!r} is in use by another sender",
+                )
+            self.metrics.resumes.labels(ROLE).inc()
+            transfer.progress = time.monotonic()
+            log.info("transfer_resumed transfer_id=%s contiguous=%d", tid, transfer.contiguous)
+            return pb.BeginReply(
+                contiguous=transfer.contiguous,
+                held=sorted(s for s in transfer.checksums if s >= transfer.contiguous),
+                resumed=True,
+                max_chunk_bytes=self.options.max_chunk_bytes,
+            )
+        expect = transfer.expect if transfer is not None else None
+        if expect is not None and expect != header.fingerprint:
+            detail = f"model fingerprint mismatch: receiver expects {expect}, sender has {header.fingerprint}"
+            if transfer is not None:
+                self._fail(transfer, detail)
+            raise BeginRefused(grpc.StatusCode.FAILED_PRECONDITION, detail)
+        if (
+            self.accept_fingerprints is not None
+            and header.fingerprint not in self.accept_fingerprints
+        ):
+            raise BeginRefused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"model fingerprint mismatch: {header.fingerprint} is not served by this receiver",
+            )
+        if transfer is None:
+            transfer = _Transfer(transfer_id=tid)
+            self.transfers[tid] = transfer
+        transfer.header = header
+        transfer.session = request.session
+        transfer.checksum_kind = kind
+        transfer.started = transfer.progress = time.monotonic()
+        transfer.discard = header.attrs.get("pdbridge.loopback") == "discard"
+        if request.deadline_ms:
+            transfer.deadline = transfer.started + request.deadline_ms / 1000
+        self.metrics.active.labels(ROLE).inc()
+        transfer.changed.set()
+        log.info(
+            "transfer_begun transfer_id=%s request_id=%s layers=%d",
+            tid,
+            header.request_id,
+            len(header.layers),
+        )
+        return pb.BeginReply(contiguous=0, max_chunk_bytes=self.options.max_chunk_bytes)
+
+    def lookup(self, transfer_id: str) -> _Transfer:
+        transfer = self.transfers.get(transfer_id)
+        if transfer is None or transfer.header is None:
+            ended = self._ended.get(transfer_id)
+            if ended:
+                raise BeginRefused(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"transfer {transfer_id!r} has ended ({ended})",
+                )
+            raise BeginRefused(
+                grpc.StatusCode.NOT_FOUND, f"transfer {transfer_id!r} was never begun"
+            )
+        return transfer
+
+    def check_chunk(self, transfer: _Transfer, chunk: Any) -> str | None:
+        """Validate a chunk against the header before decoding. Returns "duplicate", "busy"
+        or None (accept); raises ChunkRejected."""
+        if chunk.seq in transfer.checksums:
+            return "duplicate"
+        header = transfer.header
+        if header is None:
+            raise ChunkRejected(f"transfer {transfer.transfer_id!r} was never begun")
+        spec = header.layer(chunk.layer)
+        if header.layers and spec is None:
+            raise ChunkRejected(f"chunk.layer {chunk.layer!r} is not in the layout manifest")
+        if spec is not None and spec.length and chunk.offset + chunk.raw_length > spec.length:
+            raise ChunkRejected(
+                f"chunk.offset+raw_length {chunk.offset + chunk.raw_length} exceeds layer "
+                f"{chunk.layer!r} length {spec.length}"
+            )
+        if chunk.raw_length > self.options.max_chunk_bytes:
+            raise ChunkRejected(
+                f"chunk.raw_length {chunk.raw_length} exceeds the maximum {self.options.max_chunk_bytes}"
+            )
+        if (
+            not transfer.discard
+            # The chunk a consumer is blocked on is always admitted (at most one chunk over
+            # the budget per transfer); refusing it while later chunks fill the budget
+            # would deadlock delivery, which is strictly in order.
+            and not (chunk.seq == transfer.contiguous == transfer.delivered)
+            and self.memory_in_use + chunk.raw_length > self.options.memory_budget_bytes
+        ):
+            return "busy"
+        return None
+
+    def accept(self, transfer: _Transfer, chunk: Any, data: bytes) -> None:
+        """Record a verified chunk (its checksum already passed)."""
+        if chunk.seq in transfer.checksums or transfer.failed:
+            return
+        transfer.checksums[chunk.seq] = chunk.checksum
+        transfer.raw_bytes += len(data)
+        transfer.progress = time.monotonic()
+        self.metrics.bytes_raw.labels(ROLE).inc(len(data))
+        self.metrics.bytes_wire.labels(ROLE).inc(len(chunk.payload))
+        self.metrics.chunks.labels(ROLE).inc()
+        if not transfer.discard:
+            transfer.pending[chunk.seq] = Segment(
+                chunk.layer, chunk.offset, data, chunk.layer_final
+            )
+            self._hold(transfer, len(data))
+        while transfer.contiguous in transfer.checksums:
+            transfer.contiguous += 1
+        if transfer.discard:
+            transfer.delivered = transfer.contiguous
+        transfer.changed.set()
+
+    def finish(self, trailer: Any) -> Any:
+        transfer = self.lookup(trailer.transfer_id)
+        missing = [s for s in range(trailer.chunk_count) if s not in transfer.checksums]
+        if missing:
+            return pb.FinishReply(ok=False, missing=missing[:1024])
+        if (
+            len(transfer.checksums) != trailer.chunk_count
+            or transfer.raw_bytes != trailer.raw_bytes
+        ):
+            self._fail(transfer, "trailer does not match the chunks received")
+            raise BeginRefused(
+                grpc.StatusCode.DATA_LOSS, "trailer: chunk count or raw bytes differ"
+            )
+        digest = transfer_digest(transfer.checksums[s] for s in range(trailer.chunk_count))
+        if digest != trailer.digest:
+            self._fail(transfer, "transfer digest mismatch")
+            raise BeginRefused(grpc.StatusCode.DATA_LOSS, "trailer.digest: mismatch")
+        transfer.finished = True
+        transfer.progress = time.monotonic()
+        transfer.changed.set()
+        if transfer.discard:
+            self._end(transfer, "completed")
+        log.info(
+            "transfer_finished transfer_id=%s chunks=%d raw_bytes=%d",
+            transfer.transfer_id,
+            trailer.chunk_count,
+            trailer.raw_bytes,
+        )
+        return pb.FinishReply(ok=True)
+
+    def cancel(self, transfer_id: str, reason: str) -> None:
+        transfer = self.transfers.get(transfer_id)
+        if transfer is not None:
+            self._fail(transfer, f"canceled by sender: {reason or 'no reason given'}")
+
+    # -- consumer side -------------------------------------------------------------------
+    async def open(
+        self,
+        transfer_id: str,
+        deadline_s: float,
+        expect_fingerprint: Fingerprint | None = None,
+    ) -> TransferReader:
+        """Wait (up to deadline_s) for the transfer's header; see ReceiverServer.open."""
+        loop_deadline = time.monotonic() + deadline_s
+        transfer = self.transfers.get(transfer_id)
+        if transfer is None:
+            ended = self._ended.get(transfer_id)
+            if ended is not None:
+                raise TransferFailed(f"transfer {transfer_id!r} has ended ({ended})")
+            transfer = _Transfer(transfer_id=transfer_id, expect=expect_fingerprint)
+            transfer.deadline = loop_deadline
+            self.transfers[transfer_id] = transfer
+        if transfer.consumers:
+            raise TransferFailed(f"transfer {transfer_id!r} already has a consumer")
+        transfer.consumers += 1
+        if transfer.expect is None:
+            transfer.expect = expect_fingerprint
+        reader = TransferReader(self, transfer, loop_deadline)
+        try:
+            await reader.wait_header()
+        except BaseException:
+            reader.close()
+            raise
+        return reader
+
+
+class TransferReader:
+    """A consumer's view of one transfer: ``header`` then ``async for segment in reader``.
+
+    Segments come in sequence order, each verified; iteration ends after the last one
+    once the trailer's digest matched; TransferFailed on expiry, cancel, mismatch or when
+    the consumer's deadline passes. ``close()`` (or leaving ``async with``) frees it.
+    """
+
+    def __init__(self, store: TransferStore, transfer: _Transfer, deadline: float) -> None:
+        self._store = store
+        self._transfer = transfer
+        self._deadline = deadline
+        self.header: TransferHeader | None = None
+
+    async def __aenter__(self) -> TransferReader:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    async def _wait(self) -> None:
+        transfer = self._transfer
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            self._store._fail(transfer, "consumer deadline passed")
+            raise TransferFailed(f"transfer {transfer.transfer_id!r}: consumer deadline passed")
+        transfer.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(transfer.changed.wait(), remaining)
+
+    async def wait_header(self) -> TransferHeader:
+        transfer = self._transfer
+        while transfer.header is None:
+            if transfer.failed:
+                raise self._failure()
+            await self._wait()
+        if transfer.failed:
+            raise self._failure()
+        if transfer.expect is not None and transfer.expect != transfer.header.fingerprint:
+            detail = (
+                f"model fingerprint mismatch: consumer expects {transfer.expect}, "
+                f"sender has {transfer.header.fingerprint}"
+            )
+            self._store._fail(transfer, detail)
+            raise FingerprintMismatch(detail)
+        self.header = transfer.header
+        return transfer.header
+
+    def _failure(self) -> TransferFailed:
+        reason = self._transfer.failed or "failed"
+        cls = FingerprintMismatch if "fingerprint mismatch" in reason else TransferFailed
+        return cls(f"transfer {self._transfer.transfer_id!r}: {reason}")
+
+    def __aiter__(self) -> AsyncIterator[Segment]:
+        return self._segments()
+
+    async def _segments(self) -> AsyncIterator[Segment]:
+        transfer = self._transfer
+        while True:
+            if transfer.failed:
+                raise self._failure()
+            if transfer.delivered < transfer.contiguous:
+                segment = transfer.pending.pop(transfer.delivered)
+                transfer.delivered += 1
+                self._store._release(transfer, len(segment.data))
+                yield segment
+                continue
+            if transfer.finished:
+                self._store._end(transfer, "completed")
+                return
+            await self._wait()
+
+    def close(self) -> None:
+        transfer = self._transfer
+        transfer.consumers -= 1
+        if transfer.finished and transfer.delivered == transfer.contiguous:
+            self._store._end(transfer, "completed")
+        elif not transfer.failed:
+            self._store._fail(transfer, "consumer closed before the transfer completed")

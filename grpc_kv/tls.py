@@ -1,0 +1,162 @@
+"""mTLS for the KV link and the agents' control API: one config object, credentials that
+reload certificates without a restart, and a peer allowlist.
+
+Who calls it: :class:`grpc_kv.receiver.ReceiverServer`, the sender, and the agent's control
+API (``tls.add_port(server, bind)``, ``tls.channel(target)``, ``tls.authorize(context)``).
+Non-blocking except for reading PEM files. Misconfiguration raises ValueError naming the
+field; a peer outside the allowlist gets PERMISSION_DENIED.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+log = logging.getLogger("grpc_kv.tls")
+
+
+class PeerRejected(Exception):
+    """The peer's certificate names none of the allowed peers."""
+
+
+@dataclass(frozen=True)
+class TLSConfig:
+    """Transport security of a link endpoint.
+
+    ``ca_file`` verifies the peer, ``cert_file``/``key_file`` identify this node (PEM, as made
+    by ``pdbridge kv certs``). ``allowed_peers``: certificate common names or subject
+    alternative names accepted from clients (None = any certificate signed by the CA).
+    ``server_name``: the name a client expects in the server's certificate when it differs
+    from the host it dials (e.g. dialing 127.0.0.1 of a cert issued to ``site-a``).
+    ``insecure=True`` switches TLS off entirely; only for localhost development (the CLIs
+    require an explicit ``--insecure``). Files are re-read when they change on disk.
+    """
+
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    allowed_peers: Sequence[str] | None = None
+    server_name: str | None = None
+    insecure: bool = False
+    _state: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("ca_file", "cert_file", "key_file"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+        if self.insecure:
+            if self.allowed_peers:
+                raise ValueError("allowed_peers: an allowlist needs TLS (insecure=True given)")
+            return
+        for name in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self, name)
+            if path is None:
+                raise ValueError(f"{name}: required unless insecure=True")
+            if not path.is_file():
+                raise ValueError(f"{name}: {path} is not a readable file")
+
+    @classmethod
+    def development(cls) -> TLSConfig:
+        """Plaintext, for localhost development and tests that are not about security."""
+        return cls(insecure=True)
+
+    @classmethod
+    def from_dir(cls, directory: Path | str, name: str, **kwargs: Any) -> TLSConfig:
+        """The files ``pdbridge kv certs`` writes for node ``name`` into ``directory``."""
+        base = Path(directory)
+        return cls(
+            ca_file=base / "ca.pem",
+            cert_file=base / f"{name}.pem",
+            key_file=base / f"{name}-key.pem",
+            **kwargs,
+        )
+
+    # -- file reading, cached by modification time (reload without restart) -------------
+    def _files(self) -> tuple[Path, Path, Path]:
+        if self.ca_file is None or self.cert_file is None or self.key_file is None:
+            raise ValueError("tls: ca_file, cert_file and key_file are required unless insecure")
+        return self.ca_file, self.cert_file, self.key_file
+
+    def _stamp(self) -> tuple[float, ...]:
+        return tuple(os.stat(p).st_mtime_ns for p in self._files())
+
+    def _material(self) -> tuple[bytes, bytes, bytes, bool]:
+        """(ca, cert, key, changed since the last call)."""
+        ca_file, cert_file, key_file = self._files()
+        stamp = self._stamp()
+        cached = self._state.get("material")
+        if cached is not None and cached[0] == stamp:
+            return (*cached[1], False)
+        material = (ca_file.read_bytes(), cert_file.read_bytes(), key_file.read_bytes())
+        self._state["material"] = (stamp, material)
+        if cached is not None:
+            log.info("tls_reloaded cert_file=%s", self.cert_file)
+        return (*material, cached is not None)
+
+    # -- server side ---------------------------------------------------------------------
+    def server_credentials(self) -> grpc.ServerCredentials:
+        """Server credentials requiring a client certificate signed by the CA; re-read
+        from disk at the next handshake after the files change."""
+        ca, cert, key, _ = self._material()
+
+        def config(ca: bytes, cert: bytes, key: bytes) -> Any:
+            return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+        def fetch() -> Any:
+            try:
+                ca, cert, key, changed = self._material()
+            except OSError as exc:  # mid-rotation: keep serving with the old files
+                log.warning("tls_reload_failed error=%s", exc)
+                return None
+            return config(ca, cert, key) if changed else None
+
+        return grpc.dynamic_ssl_server_credentials(
+            config(ca, cert, key), fetch, require_client_authentication=True
+        )
+
+    def add_port(self, server: grpc.aio.Server, bind: str) -> int:
+        """Bind ``server`` to ``bind`` (``host:port``, port 0 = ephemeral); returns the port."""
+        if self.insecure:
+            return server.add_insecure_port(bind)
+        return server.add_secure_port(bind, self.server_credentials())
+
+    def authorize(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
+        """The peer's identity (first name of its certificate, or ``insecure``) or
+        PeerRejected when an allowlist is set and the certificate names none of its entries."""
+        if self.insecure:
+            return "insecure"
+        auth = context.auth_context()
+        names = [
+            value.decode(errors="replace")
+            for key in ("x509_common_name", "x509_subject_alternative_name")
+            for value in auth.get(key, [])
+        ]
+        if not names:
+            raise PeerRejected("no client certificate")
+        if self.allowed_peers is not None and not set(names) & set(self.allowed_peers):
+            raise PeerRejected(f"peer {names[0]!r} is not on the allowlist")
+        return names[0]
+
+    # -- client side ---------------------------------------------------------------------
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        """Client credentials from the current files (a new channel picks up new files)."""
+        ca, cert, key, _ = self._material()
+        return grpc.ssl_channel_credentials(
+            root_certificates=ca, private_key=key, certificate_chain=cert
+        )
+
+    def channel(self, target: str, options: Sequence[tuple[str, Any]] = ()) -> grpc.aio.Channel:
+        """An asyncio channel to ``target``, secure unless insecure=True."""
+        opts = list(options)
+        if self.insecure:
+            return grpc.aio.insecure_channel(target, options=opts)
+        if self.server_name:
+            opts.append(("grpc.ssl_target_name_override", self.server_name))
+        return grpc.aio.secure_channel(target, self.channel_credentials(), options=opts)
