@@ -3,7 +3,9 @@ console, two mTLS node agents (sites ``local`` and ``remote``) that launch refer
 a kv-link and the gateway, and the remote agent's fault proxy on the KV (WAN) path.
 
 The tests share one module-scoped testbed and run in order: the first deploys from nothing
-(engines are launched by the workflow), the later ones re-use what it brought up.
+(engines are launched by the workflow), the later ones re-use what it brought up. The canary
+rollback comes last: the latency it injects opens the gateway's breaker on the remote site
+for a while, as a real WAN incident would.
 """
 
 from __future__ import annotations
@@ -305,40 +307,6 @@ def test_deploy_from_nothing_to_full_share_with_evidence_and_a_worker_killed_mid
     assert "remote" in {path for status, path in traffic.results if status == 200}
 
 
-def test_canary_gate_failure_on_wan_latency_rolls_back_to_zero(start_worker, db_open):
-    world = db_open
-    start_worker(stale_s=3)
-    flows.deployment_set_remote_share(
-        actor=None, deployment=world.deployment, percent=0, reason="test: before a new canary"
-    )
-    world.agent_call(
-        "remote",
-        lambda a: a.inject_fault("link_degrade", "local", 120, {"latency_ms": 3000}),
-    )
-    try:
-        with topo.Traffic(world.gateway_url, world.pki.ssl_context()):
-            run = flows.canary_start(
-                actor=None, deployment=world.deployment, params={"recheck_s": 1}
-            )
-            wait_for(lambda: ended(run.pk), timeout=300, what="canary ends")
-    finally:
-        world.agent_call("remote", lambda a: a.clear_fault())
-
-    assert run_of(run.pk).state == "rolled_back", describe(run.pk)
-    step = steps_of(run.pk)["share_50"]
-    assert step.evidence["failed_gate"]["gate"] in {
-        "ttft_p50_ratio",
-        "ttft_p99_ratio",
-        "success_rate",
-    }
-    assert step.evidence["failed_gate"]["passed"] is False
-    assert step.evidence["remote_share_percent"] == 0
-    assert steps_of(run.pk)["share_100"].state == "pending"
-    dep = world.deployment
-    assert dep.remote_share_percent == 0
-    assert "rolled back: gate" in dep.snapshots.first().reason
-
-
 def test_verification_failure_leaves_share_zero_and_retry_from_that_step_succeeds(
     start_worker, db_open
 ):
@@ -374,3 +342,37 @@ def test_verification_failure_leaves_share_zero_and_retry_from_that_step_succeed
     assert steps["remote_prefill"].attempt == 1  # earlier steps kept, not re-run
     dep = world.deployment
     assert (dep.state, dep.remote_share_percent) == ("active", 100)
+
+
+def test_canary_gate_failure_on_wan_latency_rolls_back_to_zero(start_worker, db_open):
+    world = db_open
+    start_worker(stale_s=3)
+    flows.deployment_set_remote_share(
+        actor=None, deployment=world.deployment, percent=0, reason="test: before a new canary"
+    )
+    world.agent_call(
+        "remote",
+        lambda a: a.inject_fault("link_degrade", "local", 120, {"latency_ms": 3000}),
+    )
+    try:
+        with topo.Traffic(world.gateway_url, world.pki.ssl_context()):
+            run = flows.canary_start(
+                actor=None, deployment=world.deployment, params={"recheck_s": 1}
+            )
+            wait_for(lambda: ended(run.pk), timeout=300, what="canary ends")
+    finally:
+        world.agent_call("remote", lambda a: a.clear_fault())
+
+    assert run_of(run.pk).state == "rolled_back", describe(run.pk)
+    step = steps_of(run.pk)["share_50"]
+    assert step.evidence["failed_gate"]["gate"] in {
+        "ttft_p50_ratio",
+        "ttft_p99_ratio",
+        "success_rate",
+    }
+    assert step.evidence["failed_gate"]["passed"] is False
+    assert step.evidence["remote_share_percent"] == 0
+    assert steps_of(run.pk)["share_100"].state == "pending"
+    dep = world.deployment
+    assert dep.remote_share_percent == 0
+    assert "rolled back: gate" in dep.snapshots.first().reason
