@@ -329,8 +329,9 @@ def test_verification_failure_leaves_share_zero_and_retry_from_that_step_succeed
     assert steps["verification"].state == "failed"
     assert "verification mismatch" in steps["verification"].error
     assert steps["canary"].state == "pending"
-    dep = world.deployment
-    assert (dep.state, dep.remote_share_percent) == ("failed", 0)
+    # on_failure runs right after the failure is recorded: the safe state follows at once.
+    dep = wait_for(lambda: world.deployment.state == "failed" and world.deployment, 30)
+    assert dep.remote_share_percent == 0
 
     run_services.run_retry(actor=None, run=run_of(run.pk), from_index=6)
     with topo.Traffic(world.gateway_url, world.pki.ssl_context()):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import ssl
 import subprocess
@@ -29,7 +30,7 @@ from typing import Any
 from agents.engines.verify import make_prompt
 from grpc_kv.api import create_ca, create_node_cert
 from tests.agents.conftest import AgentProc, free_port, start_agent
-from tests.support import subprocess_env
+from tests.support import subprocess_env, unavailable
 
 MODEL = "qwen3-next"
 SERVED = "tiny"
@@ -267,6 +268,8 @@ class RedisServer:
     same port; no persistence, so a restart loses every queued message, as a crash would."""
 
     def __init__(self, tmp: Path) -> None:
+        if shutil.which("redis-server") is None:
+            unavailable("redis-server is not installed (the test restarts a Redis of its own)")
         self.port, self.tmp = pinned_port(), tmp
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen[bytes] | None = None
