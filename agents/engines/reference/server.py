@@ -357,7 +357,11 @@ class ReferenceEngine:
             streamer = _PrefillStreamer(sess, kv.kv_destination, self.open_sender)
             try:
                 await self._local_prefill(request, sess, streamer)
+                t_computed = time.monotonic()
                 summary = await streamer.finish()
+                # What the link did not hide behind compute: the wait after the last chunk.
+                sess.timings["compute_s"] = t_computed - t0
+                sess.timings["kv_tail_s"] = time.monotonic() - t_computed
             except TransferError:
                 await asyncio.shield(streamer.abort("transfer failed"))
                 self.metrics.kv_transfers.labels(direction="send", outcome="failed", **labels).inc()

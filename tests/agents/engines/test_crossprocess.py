@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from agents.engines.verify import compare, make_prompt
-from tests.agents.engines.client import post
+from tests.agents.engines.client import decode_leg, post, prefill_leg
 from tests.agents.engines.conftest import ARCHS
 
 LENGTHS = (20, 100, 333)
@@ -29,24 +29,8 @@ def test_remote_prefill_matches_local_run_bit_for_bit(engine_pair, spool, model,
     }
     tid = f"t-{uuid.uuid4().hex}"
 
-    s1, _, pre = post(
-        f"{prefill.url}/v1/completions",
-        {
-            **body,
-            "kv_transfer_params": {
-                "do_remote_decode": True,
-                "transfer_id": tid,
-                "kv_destination": f"spool:{spool}",
-            },
-        },
-    )
-    s2, headers, remote = post(
-        f"{decode.url}/v1/completions",
-        {
-            **body,
-            "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": tid, "deadline_s": 60},
-        },
-    )
+    s1, _, pre = prefill_leg(prefill.url, body, tid, f"spool:{spool}")
+    s2, headers, remote = decode_leg(decode.url, body, tid, 60)
     s3, _, local = post(f"{decode.url}/v1/completions", body)
     s4, _, local_other = post(f"{prefill.url}/v1/completions", body)
 

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from agents.engines.verify import make_prompt
-from tests.agents.engines.client import get, metric, post
+from tests.agents.engines.client import decode_leg, get, metric, post, prefill_leg
 from tests.support import subprocess_env
 
 
@@ -204,27 +204,10 @@ def test_fingerprint_mismatch_is_refused_before_decode(engine_pair, spool):
     prefill, decode = engine_pair
     tid = f"t-{uuid.uuid4().hex}"
     body = {"model": "qwen3-next", "prompt": "same prompt", "max_tokens": 4, "temperature": 0}
-    post(
-        f"{prefill.url}/v1/completions",
-        {
-            **body,
-            "kv_transfer_params": {
-                "do_remote_decode": True,
-                "transfer_id": tid,
-                "kv_destination": f"spool:{spool}",
-            },
-        },
-    )
+    prefill_leg(prefill.url, body, tid, f"spool:{spool}")
 
     # Same weights, other dtype: another architecture hash, hence another fingerprint.
-    status, headers, data = post(
-        f"{decode.url}/v1/completions",
-        {
-            **body,
-            "model": "qwen3-next-bf16",
-            "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": tid, "deadline_s": 10},
-        },
-    )
+    status, headers, data = decode_leg(decode.url, {**body, "model": "qwen3-next-bf16"}, tid, 10)
 
     assert status == 503
     assert data["error"]["type"] == "kv_transfer_error"
@@ -237,26 +220,9 @@ def test_prompt_mismatch_is_refused(engine_pair, spool):
     prefill, decode = engine_pair
     tid = f"t-{uuid.uuid4().hex}"
     body = {"model": "dense", "prompt": "one prompt", "max_tokens": 2, "temperature": 0}
-    post(
-        f"{prefill.url}/v1/completions",
-        {
-            **body,
-            "kv_transfer_params": {
-                "do_remote_decode": True,
-                "transfer_id": tid,
-                "kv_destination": f"spool:{spool}",
-            },
-        },
-    )
+    prefill_leg(prefill.url, body, tid, f"spool:{spool}")
 
-    status, _, data = post(
-        f"{decode.url}/v1/completions",
-        {
-            **body,
-            "prompt": "another prompt",
-            "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": tid},
-        },
-    )
+    status, _, data = decode_leg(decode.url, {**body, "prompt": "another prompt"}, tid)
 
     assert status == 503
     assert "different prompt" in data["error"]["message"]
@@ -271,12 +237,10 @@ def test_missing_kv_times_out_with_distinct_error_or_falls_back(engine_pair):
         "temperature": 0,
         "ignore_eos": True,
     }
-    kv = {"do_remote_prefill": True, "transfer_id": f"t-{uuid.uuid4().hex}", "deadline_s": 0.3}
+    tid = f"t-{uuid.uuid4().hex}"
 
-    status, _, err = post(f"{decode.url}/v1/completions", {**body, "kv_transfer_params": kv})
-    fb_status, fb_headers, fb = post(
-        f"{decode.url}/v1/completions", {**body, "kv_transfer_params": {**kv, "fallback": "local"}}
-    )
+    status, _, err = decode_leg(decode.url, body, tid, 0.3)
+    fb_status, fb_headers, fb = decode_leg(decode.url, body, tid + "-fb", 0.3, fallback="local")
     _, _, local = post(f"{decode.url}/v1/completions", body)
 
     assert status == 503

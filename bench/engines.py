@@ -1,0 +1,270 @@
+"""Engine measurements (``make bench-engines``): KV bytes per request per architecture (fixed
+state vs per-token part, hybrid-to-dense ratio), prefill time vs length, decode time per token,
+compression ratios of real KV bytes, and remote vs local TTFT over a 200 Mbit/s link.
+
+Writes ``var/bench/engines.json``. CPU timings are noisy on shared machines: compare within
+one run. The 200 Mbit/s link is grpc_kv's userspace fault proxy with a bandwidth toxic (one
+KV connection), not a kernel-shaped namespace link.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agents.engines.reference import kvstate, zoo
+from agents.engines.reference.runner import Runner, set_threads
+from agents.engines.verify import make_prompt
+
+OUT = Path("var/bench/engines.json")
+
+
+def _ids(n: int) -> list[int]:
+    g = torch.Generator().manual_seed(n)
+    return [256, *(int(x) for x in torch.randint(0, 256, (n - 1,), generator=g))]
+
+
+def kv_sizes(
+    runners: dict[str, Runner], lengths: list[int], extrapolate: list[int]
+) -> dict[str, Any]:
+    """Bytes of the shipped cache: measured at ``lengths``; the split into fixed state and
+    per-token bytes (from the two largest measurements) predicts ``extrapolate`` lengths."""
+    out: dict[str, Any] = {}
+    for arch, runner in runners.items():
+        measured = {}
+        for n in lengths:
+            cache, logits = runner.prefill(_ids(n))
+            _, segments = kvstate.export_cache(cache, n, logits)
+            kv_bytes = sum(len(v) for k, v in segments.items() if k != "logits")
+            measured[n] = kv_bytes
+        a, b = lengths[-2], lengths[-1]
+        per_token = (measured[b] - measured[a]) / (b - a)
+        fixed = measured[b] - per_token * b
+        out[arch] = {
+            "measured_bytes": measured,
+            "per_token_bytes": per_token,
+            "fixed_bytes": fixed,
+            "predicted_bytes": {n: fixed + per_token * n for n in extrapolate},
+        }
+    dense = out["dense"]
+    for row in out.values():
+        row["ratio_to_dense"] = {
+            n: row["measured_bytes"][n] / dense["measured_bytes"][n] for n in lengths
+        } | {n: row["predicted_bytes"][n] / dense["predicted_bytes"][n] for n in extrapolate}
+    return out
+
+
+def timings(runners: dict[str, Runner], lengths: list[int], steps: int) -> dict[str, Any]:
+    """Prefill seconds per length (best of 2) and mean decode seconds per token after 1K."""
+    out: dict[str, Any] = {}
+    for arch, runner in runners.items():
+        prefill = {}
+        for n in lengths:
+            best = float("inf")
+            for _ in range(2):
+                t0 = time.perf_counter()
+                runner.prefill(_ids(n))
+                best = min(best, time.perf_counter() - t0)
+            prefill[n] = best
+        cache, logits = runner.prefill(_ids(1024))
+        t0 = time.perf_counter()
+        runner.generate(cache, logits, 1024, steps)
+        out[arch] = {
+            "prefill_s": prefill,
+            "decode_s_per_token": (time.perf_counter() - t0) / (steps - 1),
+        }
+    return out
+
+
+def compression(runners: dict[str, Runner], length: int) -> dict[str, Any]:
+    """zstd-1 and byte-plane zstd-1 ratios of each architecture's KV bytes (grpc_kv's codecs)."""
+    from grpc_kv.codec import Codec, compress
+
+    out: dict[str, Any] = {}
+    for arch, runner in runners.items():
+        cache, logits = runner.prefill(_ids(length))
+        _, segments = kvstate.export_cache(cache, length, logits)
+        raw = b"".join(v for k, v in segments.items() if k != "logits")
+        out[arch] = {
+            "raw_bytes": len(raw),
+            "zstd_ratio": len(raw) / len(compress(Codec.ZSTD, raw)),
+            "byteplane_zstd_ratio": len(raw) / len(compress(Codec.ZSTD_BYTEPLANE, raw)),
+        }
+    return out
+
+
+def _start(args: list[str]) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pdbridge.cli", "engine", "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    return proc, json.loads(proc.stdout.readline())
+
+
+async def _post(session: Any, url: str, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    t0 = time.perf_counter()
+    async with session.post(url, json=body) as resp:
+        data = await resp.json()
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: {resp.status} {data}")
+    return data, time.perf_counter() - t0
+
+
+async def remote_ttft(
+    models_dir: Path, arch: str, length: int, rate_bps: float, chunk: int, reps: int
+) -> dict[str, Any]:
+    """Local TTFT vs remote TTFT (prefill and decode legs sent together, until the decode
+    leg's first token) over a bandwidth-limited link. The transfer streams while prefill
+    computes; ``kv_tail_s`` is what is left of it after the last chunk computed, so the hidden
+    fraction is ``1 - kv_tail_s / wire_time_s`` (wire time of its bytes at the link rate)."""
+    import aiohttp
+
+    from grpc_kv.faultproxy import Bandwidth, FaultProxy
+
+    common = [
+        "--model",
+        arch,
+        "--models-dir",
+        str(models_dir),
+        "--chunked-prefill-tokens",
+        str(chunk),
+        "--threads",
+        "1",
+        "--kv-insecure",
+        "--kv-connections",
+        "1",
+    ]
+    prefill, pready = _start([*common, "--role", "both"])
+    decode, dready = _start([*common, "--role", "decode", "--kv-listen", "127.0.0.1:0"])
+    proxy = FaultProxy(upstream=dready["kv_listen"])
+    port = await proxy.start()
+    proxy.add(Bandwidth(bytes_per_s=rate_bps / 8))
+    purl = "http://127.0.0.1:{}"
+    try:
+        body = {
+            "model": arch,
+            "prompt": make_prompt(length),
+            "max_tokens": 1,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        rows = []
+        async with aiohttp.ClientSession() as s:
+            # warm both engines up once
+            await _post(s, purl.format(dready["port"]) + "/v1/completions", body)
+            for _ in range(reps):
+                _, local_s = await _post(s, purl.format(dready["port"]) + "/v1/completions", body)
+                tid = f"b-{uuid.uuid4().hex}"
+                t0 = time.perf_counter()
+                (pre, _), (_dec, _) = await asyncio.gather(
+                    _post(
+                        s,
+                        purl.format(pready["port"]) + "/v1/completions",
+                        {
+                            **body,
+                            "kv_transfer_params": {
+                                "do_remote_decode": True,
+                                "transfer_id": tid,
+                                "kv_destination": f"127.0.0.1:{port}",
+                            },
+                        },
+                    ),
+                    _post(
+                        s,
+                        purl.format(dready["port"]) + "/v1/completions",
+                        {
+                            **body,
+                            "kv_transfer_params": {
+                                "do_remote_prefill": True,
+                                "transfer_id": tid,
+                                "deadline_s": 60,
+                            },
+                        },
+                    ),
+                )
+                remote_s = time.perf_counter() - t0
+                kvp, t = pre["kv_transfer_params"], pre["pdbridge"]["timings"]
+                wire = kvp.get("bytes_wire") or kvp["bytes"]
+                wire_s = wire * 8 / rate_bps
+                rows.append(
+                    {
+                        "local_ttft_s": local_s,
+                        "remote_ttft_s": remote_s,
+                        "kv_bytes": kvp["bytes"],
+                        "wire_bytes": wire,
+                        "wire_time_s": wire_s,
+                        "prefill_compute_s": t["compute_s"],
+                        "kv_tail_s": t["kv_tail_s"],
+                        "send_s": kvp["send_seconds"],
+                        "hidden_fraction": max(0.0, min(1.0, 1 - t["kv_tail_s"] / wire_s))
+                        if wire_s
+                        else 1.0,
+                    }
+                )
+        return {
+            "arch": arch,
+            "length": length,
+            "rate_bps": rate_bps,
+            "chunk": chunk,
+            "runs": rows,
+            "median_hidden_fraction": sorted(r["hidden_fraction"] for r in rows)[len(rows) // 2],
+        }
+    finally:
+        await proxy.stop()
+        for proc in (prefill, decode):
+            proc.terminate()
+            proc.wait(timeout=15)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.engines")
+    p.add_argument("--quick", action="store_true", help="smaller lengths (a smoke run)")
+    args = p.parse_args(argv)
+    set_threads(1)
+    zoo.quiet_transformers()
+    models_dir = Path(tempfile.mkdtemp(prefix="pdb-bench-models-"))
+    runners = {
+        arch: Runner(
+            zoo.load_model(zoo.resolve_model(arch, models_dir), name=arch, dtype="bfloat16"), 512
+        )
+        for arch in zoo.ARCHITECTURES
+    }
+    size_lengths = [256, 1024] if args.quick else [1024, 4096]
+    result: dict[str, Any] = {
+        "dtype": "bfloat16",
+        "threads": 1,
+        "kv_bytes": kv_sizes(runners, size_lengths, [16384]),
+        "timings": timings(runners, [256, 1024] if args.quick else [256, 1024, 2048, 4096], 17),
+        "compression": compression(runners, 1024 if args.quick else 4096),
+    }
+    result["remote_ttft"] = asyncio.run(
+        remote_ttft(
+            models_dir,
+            "qwen3-next",
+            1024 if args.quick else 4096,
+            200e6,
+            512,
+            3 if args.quick else 5,
+        )
+    )
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
