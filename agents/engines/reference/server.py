@@ -314,6 +314,17 @@ class ReferenceEngine:
                 extra={"request_id": req.request_id, "tokens": len(sess.token_ids)},
             )
             return web.Response(status=499)
+        except Exception:
+            # A bug, not bad input: log it with its traceback, answer in the API's error shape.
+            log.exception("request_failed", extra={"request_id": req.request_id})
+            return web.json_response(
+                error_body(
+                    "internal error; see the engine log",
+                    type_="internal_error",
+                    code="internal_error",
+                ),
+                status=500,
+            )
         finally:
             self.metrics.running.labels(**labels).dec()
             self._slots.release()
