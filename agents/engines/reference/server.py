@@ -87,6 +87,7 @@ class _Session:
     fallback_reason: str | None = None
     token_ids: list[int] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
 
@@ -455,7 +456,11 @@ class ReferenceEngine:
                     sess.runner.step, sess.cache, prev, position + i - 1
                 )
             token = sampling.pick(sess.logits)
-            digest = await self._compute(_digest, sess.logits)
+            digest, entry = await self._compute(
+                _step_info, sess.logits, token, sess.req.logprobs, sess.lm.tokenizer
+            )
+            if entry is not None:
+                sess.logprobs = [*(sess.logprobs or []), entry]
             now = time.monotonic()
             if i == 0:
                 sess.timings["ttft_s"] = now - sess.t_arrival
@@ -511,6 +516,7 @@ class ReferenceEngine:
             digests=sess.digests,
             ext=self._ext(sess),
             kv=sess.kv_summary,
+            logprobs=sess.logprobs,
         )
         return web.json_response(body, headers={"x-pdbridge-path": sess.path})
 
@@ -545,8 +551,16 @@ class ReferenceEngine:
             finish = "length"
             async for tok, dig, delta, reason in self._tokens(request, sess, tracker):
                 finish = reason or finish
+                step_lp = sess.logprobs[-1:] if sess.logprobs else None
                 body = chunk_body(
-                    req, cid, created, text=delta, finish=reason, token_ids=[tok], digests=[dig]
+                    req,
+                    cid,
+                    created,
+                    text=delta,
+                    finish=reason,
+                    token_ids=[tok],
+                    digests=[dig],
+                    logprobs=step_lp,
                 )
                 await resp.write(sse(body))
             self._finish(sess, finish)
@@ -570,7 +584,22 @@ class ReferenceEngine:
         return resp
 
 
-def _digest(logits: Any) -> str:
+def _step_info(
+    logits: Any, token: int, top_k: int | None, tokenizer: Any
+) -> tuple[str, dict[str, Any] | None]:
+    """Compute-thread work per output token: the logits digest, and logprobs when asked."""
+    import torch
+
     from agents.engines.reference.runner import logits_digest
 
-    return logits_digest(logits)
+    digest = logits_digest(logits)
+    if top_k is None:
+        return digest, None
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = torch.topk(logp, top_k) if top_k else (logp[:0], logp[:0].long())
+    entry = {
+        "token": tokenizer.token_text(token),
+        "logprob": float(logp[token]),
+        "top": [(tokenizer.token_text(int(i)), float(v)) for v, i in zip(values, ids, strict=True)],
+    }
+    return digest, entry

@@ -366,3 +366,41 @@ def test_weights_hash_mismatch_refuses_to_serve(models_dir):
     assert "expect_sha256" in result.stderr
     assert "refusing to serve" in result.stderr
     assert result.stdout == ""
+
+
+def test_logprobs_completions_and_chat(engine_pair):
+    prefill, _ = engine_pair
+    body = {
+        "model": "dense",
+        "prompt": "abc",
+        "max_tokens": 3,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+
+    _, _, comp = post(f"{prefill.url}/v1/completions", {**body, "logprobs": 2})
+    chat_body = {
+        "model": "dense",
+        "messages": [{"role": "user", "content": "abc"}],
+        "max_tokens": 2,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
+    _, _, chat = post(f"{prefill.url}/v1/chat/completions", chat_body)
+    status, _, bad = post(f"{prefill.url}/v1/completions", {**body, "logprobs": 21})
+
+    lp = comp["choices"][0]["logprobs"]
+    assert len(lp["token_logprobs"]) == 3
+    assert all(len(top) <= 2 for top in lp["top_logprobs"])
+    # Greedy: the chosen token is the most likely one.
+    assert all(
+        abs(max(top.values()) - chosen) < 1e-6
+        for top, chosen in zip(lp["top_logprobs"], lp["token_logprobs"], strict=True)
+    )
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == 2
+    assert all(len(c["top_logprobs"]) == 3 for c in content)
+    assert status == 400
+    assert bad["error"]["param"] == "logprobs"

@@ -134,3 +134,42 @@ def test_verify_cli_exit_2_when_engine_unreachable(capsys):
 
     assert code == 2
     assert "pdbridge verify:" in capsys.readouterr().err
+
+
+def _vllm_like(tokens: list[int], logprobs: list[float]) -> dict:
+    """A response shaped like vLLM's (token ids and logprobs, no logits digests)."""
+    return {
+        "usage": {"prompt_tokens": 10},
+        "choices": [
+            {
+                "token_ids": tokens,
+                "logprobs": {
+                    "token_logprobs": logprobs,
+                    "top_logprobs": [{str(t): lp} for t, lp in zip(tokens, logprobs, strict=True)],
+                },
+            }
+        ],
+    }
+
+
+def test_compare_uses_logprobs_without_digests():
+    from agents.engines.verify import compare
+
+    same = compare(
+        _vllm_like([1, 2, 3], [-0.1, -0.2, -0.3]), _vllm_like([1, 2, 3], [-0.1, -0.2, -0.3])
+    )
+    drift = compare(
+        _vllm_like([1, 2, 3], [-0.1, -0.2, -0.3]), _vllm_like([1, 2, 3], [-0.1, -0.25, -0.3])
+    )
+    tolerated = compare(
+        _vllm_like([1, 2, 3], [-0.1, -0.2, -0.3]),
+        _vllm_like([1, 2, 3], [-0.1, -0.2001, -0.3]),
+        0.001,
+    )
+
+    assert same == (True, 3, 3, None)
+    assert drift[0] is False
+    assert drift[3].kind == "logprobs"
+    assert drift[3].step == 1
+    assert drift[3].position == 11
+    assert tolerated[0] is True
