@@ -3,20 +3,26 @@ state vs per-token part, hybrid-to-dense ratio), prefill time vs length, decode 
 compression ratios of real KV bytes, and remote vs local TTFT over a 200 Mbit/s link.
 
 Writes ``var/bench/engines.json``. CPU timings are noisy on shared machines: compare within
-one run. The 200 Mbit/s link is grpc_kv's userspace fault proxy with a bandwidth toxic (one
-KV connection), not a kernel-shaped namespace link.
+one run. The 200 Mbit/s link is a veth pair into a network namespace shaped with ``tc tbf``
+when run as root (``--link netns``), else grpc_kv's userspace fault proxy with a bandwidth
+toxic (``--link proxy``); one KV connection either way.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
+import random
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +109,11 @@ def compression(runners: dict[str, Runner], length: int) -> dict[str, Any]:
     return out
 
 
-def _start(args: list[str]) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+def _start(
+    args: list[str], prefix: list[str] | None = None
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pdbridge.cli", "engine", "serve", *args],
+        [*(prefix or []), sys.executable, "-m", "pdbridge.cli", "engine", "serve", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -123,13 +131,79 @@ async def _post(session: Any, url: str, body: dict[str, Any]) -> tuple[dict[str,
     return data, time.perf_counter() - t0
 
 
+@contextlib.contextmanager
+def shaped_netns(rate_bps: float) -> Iterator[tuple[list[str], str]]:
+    """A network namespace joined to this one by a veth pair shaped with ``tc tbf`` at
+    ``rate_bps`` on both ends; yields (command prefix to run inside, the inside address).
+    Needs root; names carry a random suffix and everything is removed on exit."""
+    tag = f"{random.randrange(1 << 16):04x}"
+    ns, outer, inner = f"pdbe{tag}", f"vpe{tag}", f"vpd{tag}"
+    net = f"10.{200 + random.randrange(50)}.{random.randrange(256)}"
+    rate = f"{int(rate_bps / 1e6)}mbit"
+
+    def sh(*cmd: str) -> None:
+        subprocess.run(cmd, check=True, capture_output=True)
+
+    sh("ip", "netns", "add", ns)
+    try:
+        sh("ip", "link", "add", outer, "type", "veth", "peer", "name", inner)
+        sh("ip", "link", "set", inner, "netns", ns)
+        sh("ip", "addr", "add", f"{net}.1/30", "dev", outer)
+        sh("ip", "link", "set", outer, "up")
+        inside = ["ip", "netns", "exec", ns]
+        sh(*inside, "ip", "addr", "add", f"{net}.2/30", "dev", inner)
+        sh(*inside, "ip", "link", "set", inner, "up")
+        sh(*inside, "ip", "link", "set", "lo", "up")
+        for prefix, dev in (([], outer), (inside, inner)):
+            sh(
+                *prefix,
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                dev,
+                "root",
+                "tbf",
+                "rate",
+                rate,
+                "burst",
+                "256kb",
+                "latency",
+                "50ms",
+            )
+        yield inside, f"{net}.2"
+    finally:
+        subprocess.run(["ip", "link", "del", outer], check=False, capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+
+
+def netns_available() -> bool:
+    return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
+
+
 async def remote_ttft(
-    models_dir: Path, arch: str, length: int, rate_bps: float, chunk: int, reps: int
+    models_dir: Path, arch: str, length: int, rate_bps: float, chunk: int, reps: int, link: str
 ) -> dict[str, Any]:
     """Local TTFT vs remote TTFT (prefill and decode legs sent together, until the decode
-    leg's first token) over a bandwidth-limited link. The transfer streams while prefill
-    computes; ``kv_tail_s`` is what is left of it after the last chunk computed, so the hidden
-    fraction is ``1 - kv_tail_s / wire_time_s`` (wire time of its bytes at the link rate)."""
+    leg's first token) over a ``rate_bps`` link: ``netns`` (decode engine in a namespace
+    behind a tbf-shaped veth) or ``proxy`` (grpc_kv's fault proxy with a bandwidth toxic).
+    The transfer streams while prefill computes; ``kv_tail_s`` is what is left of it after the
+    last chunk computed, so the hidden fraction is ``1 - kv_tail_s / wire_time_s`` (wire time
+    of its bytes at the link rate)."""
+    with contextlib.ExitStack() as stack:
+        return await _remote_ttft(stack, models_dir, arch, length, rate_bps, chunk, reps, link)
+
+
+async def _remote_ttft(
+    stack: contextlib.ExitStack,
+    models_dir: Path,
+    arch: str,
+    length: int,
+    rate_bps: float,
+    chunk: int,
+    reps: int,
+    link: str,
+) -> dict[str, Any]:
     import aiohttp
 
     from grpc_kv.faultproxy import Bandwidth, FaultProxy
@@ -148,11 +222,24 @@ async def remote_ttft(
         "1",
     ]
     prefill, pready = _start([*common, "--role", "both"])
-    decode, dready = _start([*common, "--role", "decode", "--kv-listen", "127.0.0.1:0"])
-    proxy = FaultProxy(upstream=dready["kv_listen"])
-    port = await proxy.start()
-    proxy.add(Bandwidth(bytes_per_s=rate_bps / 8))
-    purl = "http://127.0.0.1:{}"
+    stack.callback(_stop, prefill)
+    proxy: FaultProxy | None = None
+    if link == "netns":
+        inside, addr = stack.enter_context(shaped_netns(rate_bps))
+        decode, dready = _start(
+            [*common, "--role", "decode", "--host", addr, "--insecure", "--kv-listen", f"{addr}:0"],
+            prefix=inside,
+        )
+        stack.callback(_stop, decode)
+        destination, durl = dready["kv_listen"], f"http://{addr}:{dready['port']}"
+    else:
+        decode, dready = _start([*common, "--role", "decode", "--kv-listen", "127.0.0.1:0"])
+        stack.callback(_stop, decode)
+        proxy = FaultProxy(upstream=dready["kv_listen"])
+        destination = f"127.0.0.1:{await proxy.start()}"
+        proxy.add(Bandwidth(bytes_per_s=rate_bps / 8))
+        durl = f"http://127.0.0.1:{dready['port']}"
+    purl = f"http://127.0.0.1:{pready['port']}"
     try:
         body = {
             "model": arch,
@@ -164,27 +251,27 @@ async def remote_ttft(
         rows = []
         async with aiohttp.ClientSession() as s:
             # warm both engines up once
-            await _post(s, purl.format(dready["port"]) + "/v1/completions", body)
+            await _post(s, durl + "/v1/completions", body)
             for _ in range(reps):
-                _, local_s = await _post(s, purl.format(dready["port"]) + "/v1/completions", body)
+                _, local_s = await _post(s, durl + "/v1/completions", body)
                 tid = f"b-{uuid.uuid4().hex}"
                 t0 = time.perf_counter()
                 (pre, _), (_dec, _) = await asyncio.gather(
                     _post(
                         s,
-                        purl.format(pready["port"]) + "/v1/completions",
+                        purl + "/v1/completions",
                         {
                             **body,
                             "kv_transfer_params": {
                                 "do_remote_decode": True,
                                 "transfer_id": tid,
-                                "kv_destination": f"127.0.0.1:{port}",
+                                "kv_destination": destination,
                             },
                         },
                     ),
                     _post(
                         s,
-                        purl.format(dready["port"]) + "/v1/completions",
+                        durl + "/v1/completions",
                         {
                             **body,
                             "kv_transfer_params": {
@@ -215,6 +302,7 @@ async def remote_ttft(
                     }
                 )
         return {
+            "link": link,
             "arch": arch,
             "length": length,
             "rate_bps": rate_bps,
@@ -223,15 +311,24 @@ async def remote_ttft(
             "median_hidden_fraction": sorted(r["hidden_fraction"] for r in rows)[len(rows) // 2],
         }
     finally:
-        await proxy.stop()
-        for proc in (prefill, decode):
-            proc.terminate()
-            proc.wait(timeout=15)
+        if proxy is not None:
+            await proxy.stop()
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    proc.wait(timeout=15)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.engines")
     p.add_argument("--quick", action="store_true", help="smaller lengths (a smoke run)")
+    p.add_argument(
+        "--link",
+        choices=("auto", "netns", "proxy"),
+        default="auto",
+        help="how the 200 Mbit/s link is made (auto: netns when root, else the fault proxy)",
+    )
     args = p.parse_args(argv)
     set_threads(1)
     zoo.quiet_transformers()
@@ -250,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         "timings": timings(runners, [256, 1024] if args.quick else [256, 1024, 2048, 4096], 17),
         "compression": compression(runners, 1024 if args.quick else 4096),
     }
+    link = args.link if args.link != "auto" else ("netns" if netns_available() else "proxy")
     result["remote_ttft"] = asyncio.run(
         remote_ttft(
             models_dir,
@@ -258,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             200e6,
             512,
             3 if args.quick else 5,
+            link,
         )
     )
     OUT.parent.mkdir(parents=True, exist_ok=True)

@@ -40,14 +40,12 @@ from agents.engines.reference.protocol import (
     usage,
 )
 from agents.engines.reference.runner import Runner, Sampling
+from agents.engines.reference.streaming import PrefillStreamer
 from agents.engines.reference.transport import (
     KvReceiver,
-    KvSender,
     SenderFactory,
     TransferError,
-    TransferHeader,
     TransferRejected,
-    TransferSummary,
     open_spool_sender,
 )
 from agents.engines.reference.zoo import LoadedModel
@@ -89,51 +87,6 @@ class _Session:
     digests: list[str] = field(default_factory=list)
     logprobs: list[dict[str, Any]] | None = None
     timings: dict[str, float] = field(default_factory=dict)
-
-
-class _PrefillStreamer:
-    """Streams a prefill's cache to a ``KvSender`` while it computes: the full-attention KV of
-    each chunk right after that chunk, the rest when final. Runs on the compute thread."""
-
-    def __init__(self, sess: _Session, destination: str, open_sender: SenderFactory) -> None:
-        self.sess = sess
-        self.destination = destination
-        self.open_sender = open_sender
-        self.sender: KvSender | None = None
-        self.manifest: kvstate.Manifest | None = None
-        self.offsets: dict[str, int] = {}
-        self.summary: TransferSummary | None = None
-
-    def on_chunk(self, cache: Any, start: int, end: int, logits: Any) -> None:
-        total = len(self.sess.prompt_ids)
-        kv = self.sess.req.kv
-        if kv is None:
-            raise RuntimeError("prefill streamer without kv_transfer_params")
-        if self.sender is None:
-            self.manifest = kvstate.build_manifest(cache, total, logits)
-            self.manifest.prompt_digest = kvstate.prompt_digest(self.sess.prompt_ids)
-            header = TransferHeader(
-                kv.transfer_id, self.sess.req.request_id, self.sess.lm.fingerprint, self.manifest
-            )
-            self.sender = self.open_sender(self.destination, header)
-        final = end == total
-        for name, data in kvstate.full_kv_slice(cache, start, end).items():
-            offset = self.offsets.get(name, 0)
-            self.sender.send(name, data, offset, final)
-            self.offsets[name] = offset + len(data)
-        if final and self.manifest is not None:
-            for name, data in kvstate.final_segments(cache, self.manifest, logits).items():
-                self.sender.send(name, data, 0, True)
-
-    async def finish(self) -> TransferSummary:
-        if self.sender is None:
-            raise TransferRejected("prefill ended before its transfer opened")
-        self.summary = await self.sender.finish()
-        return self.summary
-
-    async def abort(self, reason: str) -> None:
-        if self.sender is not None and self.summary is None:
-            await self.sender.abort(reason)
 
 
 class ReferenceEngine:
@@ -336,7 +289,7 @@ class ReferenceEngine:
             raise _ClientGone
 
     async def _local_prefill(
-        self, request: web.Request, sess: _Session, streamer: _PrefillStreamer | None
+        self, request: web.Request, sess: _Session, streamer: PrefillStreamer | None
     ) -> None:
         runner = sess.runner
         cache = runner.new_cache()
@@ -366,7 +319,7 @@ class ReferenceEngine:
         labels = {"model_name": sess.req.model}
         t0 = time.monotonic()
         if kv is not None and kv.do_remote_decode:
-            streamer = _PrefillStreamer(sess, kv.kv_destination, self.open_sender)
+            streamer = PrefillStreamer(sess, kv.kv_destination, self.open_sender)
             try:
                 await self._local_prefill(request, sess, streamer)
                 t_computed = time.monotonic()
