@@ -109,6 +109,41 @@ def compression(runners: dict[str, Runner], length: int) -> dict[str, Any]:
     return out
 
 
+def real_checkpoint(length: int) -> dict[str, Any] | None:
+    """KV of a trained model (SmolLM2-135M, dense): bytes per token and compression ratios,
+    against the random-weight zoo's. None when the ``real`` extra is not installed."""
+    from grpc_kv.codec import Codec, compress
+
+    try:
+        path = zoo.resolve_model(zoo.REAL_SMOLLM2)
+    except zoo.ModelError:
+        return None
+    t0 = time.perf_counter()
+    lm = zoo.load_model(path, name="smollm2", dtype="bfloat16")
+    load_s = time.perf_counter() - t0
+    ids = lm.tokenizer.encode(make_prompt(length * 6))[:length]
+    runner = Runner(lm, 512)
+    cache, logits = runner.prefill(ids)
+    _, segments = kvstate.export_cache(cache, len(ids), logits)
+    raw = b"".join(v for k, v in segments.items() if k != "logits")
+    answer_ids = lm.tokenizer.encode(
+        lm.tokenizer.render_chat([{"role": "user", "content": "What is the capital of France?"}])
+    )
+    c2, l2 = runner.prefill(answer_ids)
+    answer = lm.tokenizer.decode([t for t, _ in runner.generate(c2, l2, len(answer_ids), 12)])
+    return {
+        "model": "SmolLM2-135M-Instruct (GGUF Q4_1, de-quantised, bf16)",
+        "weights_sha256": lm.weights_sha256,
+        "load_s": load_s,
+        "prompt_tokens": len(ids),
+        "kv_bytes": len(raw),
+        "kv_bytes_per_token": len(raw) / len(ids),
+        "zstd_ratio": len(raw) / len(compress(Codec.ZSTD, raw)),
+        "byteplane_zstd_ratio": len(raw) / len(compress(Codec.ZSTD_BYTEPLANE, raw)),
+        "greedy_answer": answer,
+    }
+
+
 def _start(
     args: list[str], prefix: list[str] | None = None
 ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
@@ -346,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         "kv_bytes": kv_sizes(runners, size_lengths, [16384]),
         "timings": timings(runners, [256, 1024] if args.quick else [256, 1024, 2048, 4096], 17),
         "compression": compression(runners, 1024 if args.quick else 4096),
+        "real_checkpoint": real_checkpoint(1024),
     }
     link = args.link if args.link != "auto" else ("netns" if netns_available() else "proxy")
     result["remote_ttft"] = asyncio.run(

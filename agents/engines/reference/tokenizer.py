@@ -58,10 +58,11 @@ class ByteTokenizer:
 class HFTokenizer:
     """A checkpoint directory's own tokenizer (transformers ``AutoTokenizer``, loaded offline)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, gguf_file: str | None = None) -> None:
         from transformers import AutoTokenizer
 
-        self._tok: Any = AutoTokenizer.from_pretrained(path)
+        extra = {"gguf_file": gguf_file} if gguf_file else {}
+        self._tok: Any = AutoTokenizer.from_pretrained(path, **extra)
         self.eos_token_id = self._tok.eos_token_id
 
     def encode(self, text: str) -> list[int]:
