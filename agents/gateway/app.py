@@ -1,0 +1,504 @@
+"""The gateway's aiohttp server: OpenAI-compatible endpoints that route each request to the
+remote path (prefill leg at a remote site + decode leg at the local decode pool, sent
+concurrently) or the local path, with budgeted fallback, pass-through streaming, metrics and
+``/debug/routing``.
+
+Who calls it: :mod:`agents.gateway.cli` (``pdbridge gateway``) and tests, through
+:func:`build_app`. A request never gets a traceback: client errors are OpenAI-style 4xx,
+upstream failures before the first byte fall back or become 502/503, after it an error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from agents.gateway.budget import FallbackBudget
+from agents.gateway.config import DeploymentConfig, GatewaySettings, Instance
+from agents.gateway.decision import Decision
+from agents.gateway.logs import request_id_var
+from agents.gateway.metrics import GatewayMetrics
+from agents.gateway.openai import Kind, ParsedRequest, RequestError, error_body, parse_request
+from agents.gateway.prefix import PrefixIndex
+from agents.gateway.proxy import LegError, Upstream, first_chunk, leg_body, relay
+from agents.gateway.state import Router
+
+log = logging.getLogger("pdbridge.gateway")
+
+GATEWAY_KEY = web.AppKey("gateway", object)
+RAW_BODY_KEY = web.RequestKey("raw_body", bytes)
+
+ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+class Fallback(Exception):
+    """The remote path failed before the first byte; ``cause`` labels the fallback."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One request as the serving methods need it."""
+
+    request: web.Request
+    kind: Kind
+    arrived: float
+    request_id: str
+    body: dict[str, Any]
+    parsed: ParsedRequest
+    config: DeploymentConfig
+    decision: Decision
+
+
+def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=body, content_type="application/json", headers=headers)
+
+
+class Gateway:
+    """Request handling. One instance per process; holds the router, budget, metrics, client."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        router: Router | None = None,
+        upstream_ssl: ssl.SSLContext | None = None,
+    ) -> None:
+        self.settings = settings
+        self.router = router or Router(settings)
+        self.metrics = GatewayMetrics()
+        self.upstream = Upstream(settings.connect_timeout_s, upstream_ssl)
+        block = settings.prefix_block_tokens
+        self.prefix_text = PrefixIndex(
+            max(int(block * settings.chars_per_token), 1), settings.prefix_index_blocks
+        )
+        self.prefix_ids = PrefixIndex(block, settings.prefix_index_blocks)
+        self.budget = FallbackBudget(
+            rate=settings.fallback_rate_per_s,
+            burst=settings.fallback_burst,
+            max_wait_s=settings.fallback_max_wait_s,
+            max_waiters=settings.fallback_max_waiters,
+            clock=time.monotonic,
+        )
+
+    # -- configuration -------------------------------------------------------------------
+    def apply(self, config: DeploymentConfig) -> None:
+        """Install a snapshot (from the poller or a static file)."""
+        self.router.apply(config)
+        self.metrics.config_version.set(config.version)
+        self.metrics.share.set(config.remote_share_percent / 100)
+        self.metrics.kill_switch.set(1 if config.kill_switch else 0)
+        self.metrics.threshold.set(self.router.tuner.effective(config.threshold_tokens))
+
+    # -- plain endpoints -----------------------------------------------------------------
+    async def health(self, request: web.Request) -> web.Response:
+        config = self.router.config
+        if config is None:
+            return web.json_response({"status": "no_config"}, status=503)
+        return web.json_response({"status": "ok", "config_version": config.version})
+
+    async def models(self, request: web.Request) -> web.Response:
+        config = self.router.config
+        data = [] if config is None else [
+            {"id": config.model_name, "object": "model", "created": 0, "owned_by": "pdbridge"}
+        ]  # fmt: skip
+        return web.json_response({"object": "list", "data": data})
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        self.refresh_gauges()
+        return web.Response(
+            body=generate_latest(self.metrics.registry),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
+
+    async def debug_routing(self, request: web.Request) -> web.Response:
+        doc = self.router.debug()
+        doc["fallback_budget"] = {
+            "tokens": round(self.budget.bucket.tokens, 3),
+            "rate_per_s": self.budget.bucket.rate,
+            "burst": self.budget.bucket.burst,
+            "waiting": self.budget.waiting,
+        }
+        return web.json_response(doc)
+
+    def refresh_gauges(self) -> None:
+        """Breaker and site gauges (computed on scrape, not per request)."""
+        router, m = self.router, self.metrics
+        config = router.config
+        if config is None:
+            return
+        m.threshold.set(router.tuner.effective(config.threshold_tokens))
+        for scope, breakers in (
+            ("site", router.site_breakers),
+            ("instance", router.instance_breakers),
+        ):
+            for name, breaker in breakers.items():
+                m.breaker_state.labels(scope, name).set(
+                    {"closed": 0, "half_open": 1, "open": 2}[breaker.state]
+                )
+                m.breaker_ejections.labels(scope, name).set(breaker.total_ejections)
+        for view in router.site_views(config):
+            m.site_queue.labels(view.name).set(view.queue_depth)
+            m.site_utilization.labels(view.name).set(view.utilization)
+
+    # -- completions ---------------------------------------------------------------------
+    def handler(self, kind: Kind) -> Any:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await self.generate(request, kind)
+
+        return handle
+
+    async def generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        """One completions/chat request, end to end."""
+        arrived = time.monotonic()
+        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        request_id_var.set(request_id)
+        base_headers = {"x-request-id": request_id}
+        config = self.router.config
+        if config is None:
+            return _json(
+                503,
+                error_body("the gateway has no configuration yet", "service_unavailable"),
+                base_headers,
+            )
+        try:
+            body, parsed = await self._read(request, kind, config)
+        except RequestError as error:
+            self.metrics.request("local", "client_error")
+            return _json(error.status, error.body(), base_headers)
+        key = request.headers.get(self.settings.sticky_key_header) or parsed.user or request_id
+        prompt_tokens = await self._prompt_tokens(parsed, config, request_id)
+        if config.max_model_len is not None and prompt_tokens > config.max_model_len:
+            self.metrics.request("local", "client_error")
+            too_long = RequestError(
+                400,
+                f"the prompt is about {prompt_tokens} tokens; this model's context is "
+                f"{config.max_model_len} tokens",
+                "prompt" if kind == "completions" else "messages",
+                "context_length_exceeded",
+            )
+            return _json(400, too_long.body(), base_headers)
+        decision = self.router.decide(config, key, prompt_tokens, self._cached_tokens(parsed))
+        self.metrics.decision(decision.path, decision.reason)
+        call = _Call(request, kind, arrived, request_id, body, parsed, config, decision)
+        if decision.path == "remote":
+            try:
+                return await self._serve(call, "remote")
+            except Fallback as fallback:
+                cause = fallback.cause
+        elif decision.wants_remote:
+            cause = decision.reason
+        else:
+            return await self._serve(call, "local")
+        return await self._fallback(call, cause)
+
+    async def _read(
+        self, request: web.Request, kind: Kind, config: DeploymentConfig
+    ) -> tuple[dict[str, Any], ParsedRequest]:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge as error:
+            raise RequestError(
+                413,
+                f"the request body exceeds {self.settings.max_body_bytes} bytes",
+                None,
+                "body_too_large",
+            ) from error
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise RequestError(
+                400, f"the request body is not valid JSON: {error}", None, "invalid_json"
+            ) from error
+        parsed = parse_request(kind, body, config.model_name)
+        # The local path forwards the client's bytes unchanged (no re-encoding).
+        request[RAW_BODY_KEY] = raw
+        return body, parsed
+
+    def _cached_tokens(self, parsed: ParsedRequest) -> int:
+        """Estimated tokens of the prompt already cached at the decode pool (0 when the
+        estimate is off); the prompt is remembered for the requests that follow."""
+        if not self.settings.prefix_cache_estimate:
+            return 0
+        if parsed.token_ids is not None:
+            cached = self.prefix_ids.cached_units(parsed.token_ids)
+            self.prefix_ids.remember(parsed.token_ids)
+            return cached
+        if not parsed.text:
+            return 0
+        cached_chars = self.prefix_text.cached_units(parsed.text)
+        self.prefix_text.remember(parsed.text)
+        return int(cached_chars / self.settings.chars_per_token)
+
+    async def _prompt_tokens(
+        self, parsed: ParsedRequest, config: DeploymentConfig, request_id: str
+    ) -> int:
+        """Exact for token-id prompts; else an estimate from characters, refined by the
+        decode engine's ``/tokenize`` when enabled and the estimate is near the threshold."""
+        if parsed.prompt_tokens is not None:
+            return parsed.prompt_tokens
+        estimate = int(parsed.prompt_chars / self.settings.chars_per_token + 0.5)
+        threshold = self.router.tuner.effective(config.threshold_tokens)
+        if (
+            not self.settings.tokenize
+            or not parsed.text
+            or not threshold / 2 <= estimate <= threshold * 2
+        ):
+            return estimate
+        instance = self.router.pick_decode(config)
+        payload = json.dumps({"model": config.model_name, "prompt": parsed.text}).encode()
+        try:
+            raw = await self.upstream.call(
+                f"{instance.url}/tokenize", payload, request_id, self.settings.connect_timeout_s * 2
+            )
+            return int(json.loads(raw)["count"])
+        except (LegError, ValueError, KeyError, TypeError) as error:
+            log.info("gateway.tokenize_failed", extra={"url": instance.url, "error": repr(error)})
+            return estimate
+
+    # -- serving -------------------------------------------------------------------------
+    async def _serve(self, call: _Call, path: str) -> web.StreamResponse:
+        """Serve on ``path``: the remote legs, or one local leg (``local``/``fallback``).
+        Raises :class:`Fallback` from the remote path before anything reached the client."""
+        request, request_id, kind, config = call.request, call.request_id, call.kind, call.config
+        decode = self.router.pick_decode(config)
+        self.metrics.begin(path)
+        self.router.begin(decode.url)
+        outcome, ttft, tpot = "upstream_error", None, None
+        try:
+            if path == "remote":
+                upstream, first = await self._remote_legs(call, decode)
+            else:
+                raw = request.get(RAW_BODY_KEY) or json.dumps(call.body).encode()
+                try:
+                    upstream = await self.upstream.open(
+                        f"{decode.url}{ROUTES[kind]}",
+                        raw,
+                        request_id,
+                        self.settings.request_timeout_s,
+                    )
+                    first = await first_chunk(upstream)
+                except LegError as error:
+                    log.warning(
+                        "gateway.local_leg_failed",
+                        extra={"url": decode.url, "cause": error.cause, "status": error.status},
+                    )
+                    status = error.status if error.status and 400 <= error.status < 500 else 502
+                    if status == 502:
+                        doc = error_body(
+                            f"the decode engine failed: {error.cause} {error.status or ''}".strip(),
+                            "upstream_error",
+                            None,
+                            "upstream_error",
+                        )
+                    else:
+                        outcome = "client_error"
+                        doc = error.detail.encode() or error_body(
+                            "rejected by the engine", "invalid_request_error"
+                        )
+                    return _json(status, doc, {"x-request-id": request_id, "x-pdbridge-path": path})
+            headers = {"x-request-id": request_id, "x-pdbridge-path": path}
+            response, result = await relay(request, upstream, first, headers)
+            outcome = "ok" if result.ok else "upstream_error"
+            ttft = result.first_at - call.arrived
+            if result.events > 1:
+                tpot = (result.last_at - result.first_at) / (result.events - 1)
+            return response
+        except Fallback:
+            outcome = ""
+            raise
+        except asyncio.CancelledError:
+            outcome = "canceled"
+            raise
+        except ConnectionResetError:
+            outcome = "canceled"
+            raise
+        finally:
+            self.router.end(decode.url)
+            if outcome:
+                self.metrics.finish(path, outcome, ttft, time.monotonic() - call.arrived, tpot)
+            else:
+                self.metrics.abandon(path)
+            log.debug(
+                "gateway.request_done", extra={"path": path, "outcome": outcome or "fallback"}
+            )
+
+    async def _remote_legs(self, call: _Call, decode: Instance) -> tuple[Any, bytes]:
+        """Send the prefill and decode legs concurrently; return the decode leg and its first
+        bytes, or raise :class:`Fallback`. Both legs are cancelled on any exit but success.
+
+        Breaker verdict (once per request, for the site and the prefill instance): failure
+        when the prefill leg fails or the KV does not reach decode (decode error naming the
+        KV, or no first byte in time); success when decode produced its first byte or failed
+        for a reason of its own after a good prefill; none when the client went away."""
+        kind, body, config, request_id = call.kind, call.body, call.config, call.request_id
+        decision = call.decision
+        site = decision.site or ""
+        prefill = self.router.acquire_prefill(config, site)
+        if prefill is None:
+            raise Fallback("breaker_open")
+        transfer_id = uuid.uuid4().hex
+        prefill_kv = {
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+            "transfer_id": transfer_id,
+            "kv_destination": decode.kv_address,
+        }
+        # deadline_s: how long the decode engine waits for the KV before answering its
+        # distinct KV error (the gateway then falls back).
+        decode_kv = {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "transfer_id": transfer_id,
+            "deadline_s": config.kv_timeout_ms / 1000,
+        }
+        self.router.note_remote_tokens(site, decision.incremental_tokens)
+        self.router.begin(prefill.url, site)
+        started = time.monotonic()
+        prefill_task = asyncio.create_task(
+            self.upstream.call(
+                f"{prefill.url}{ROUTES[kind]}", leg_body(body, prefill_kv, prefill=True),
+                request_id, self.settings.prefill_timeout_s,
+            )
+        )  # fmt: skip
+        decode_task = asyncio.create_task(
+            self._open_decode(
+                f"{decode.url}{ROUTES[kind]}", leg_body(body, decode_kv, prefill=False), request_id
+            )
+        )
+        prefill_s: float | None = None
+        verdict: bool | None = None
+        success = False
+        try:
+            done, _ = await asyncio.wait(
+                {prefill_task, decode_task}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if prefill_task in done:
+                prefill_s = time.monotonic() - started
+                prefill_error = prefill_task.exception()
+                if prefill_error is not None:
+                    verdict = False
+                    timed_out = (
+                        isinstance(prefill_error, LegError) and prefill_error.cause == "timeout"
+                    )
+                    log.warning(
+                        "gateway.prefill_failed",
+                        extra={"site": site, "url": prefill.url, "error": str(prefill_error)[:500]},
+                    )
+                    raise Fallback("prefill_timeout" if timed_out else "prefill_error")
+            if not decode_task.done():
+                # For streams the first event follows the KV, so the KV timeout bounds the
+                # wait; a non-streamed body arrives only when generation ends.
+                wait_s = (
+                    config.kv_timeout_ms / 1000 + self.settings.first_byte_grace_s
+                    if call.parsed.stream
+                    else self.settings.request_timeout_s
+                )
+                done, _ = await asyncio.wait({decode_task}, timeout=wait_s)
+                if not done:
+                    verdict = False
+                    log.warning("gateway.kv_timeout", extra={"site": site, "wait_s": wait_s})
+                    raise Fallback("kv_timeout")
+            decode_error = decode_task.exception()
+            if decode_error is not None:
+                kv_error = (
+                    isinstance(decode_error, LegError) and "kv" in decode_error.detail.lower()
+                )
+                verdict = False if kv_error else (True if prefill_s is not None else None)
+                log.warning(
+                    "gateway.decode_leg_failed",
+                    extra={"url": decode.url, "error": str(decode_error)[:500]},
+                )
+                raise Fallback("kv_transfer" if kv_error else "decode_error")
+            verdict = True
+            success = True
+            return decode_task.result()
+        finally:
+            self.router.end(prefill.url, site)
+            if not success:
+                decode_task.cancel()
+            if not prefill_task.done():
+                prefill_task.cancel()
+            latency = prefill_s if prefill_s is not None else time.monotonic() - started
+            self.router.record_prefill(site, prefill, verdict, latency, "remote_leg")
+
+    async def _open_decode(self, url: str, body: bytes, request_id: str) -> tuple[Any, bytes]:
+        response = await self.upstream.open(url, body, request_id, self.settings.request_timeout_s)
+        return response, await first_chunk(response)
+
+    async def _fallback(self, call: _Call, cause: str) -> web.StreamResponse:
+        """Serve by local prefill within the budget (503 with retry-after beyond it)."""
+        headers = {"x-request-id": call.request_id, "x-pdbridge-path": "fallback"}
+        if not call.config.fallback_to_local_prefill:
+            self.metrics.request("fallback", "rejected")
+            doc = error_body(
+                f"the remote path is unavailable ({cause}) and fallback is disabled",
+                "service_unavailable",
+                None,
+                cause,
+            )
+            return _json(503, doc, headers)
+        if not await self.budget.acquire():
+            self.metrics.budget_rejections.inc()
+            self.metrics.request("fallback", "rejected")
+            retry_after = self.budget.retry_after_s()
+            log.warning(
+                "gateway.fallback_budget_spent",
+                extra={"cause": cause, "retry_after_s": retry_after},
+            )
+            doc = error_body(
+                "local prefill capacity for fallback is exhausted; retry later",
+                "service_unavailable",
+                None,
+                "fallback_budget_exhausted",
+            )
+            return _json(503, doc, {**headers, "retry-after": str(retry_after)})
+        self.metrics.fallback(cause)
+        log.info("gateway.fallback", extra={"cause": cause, "site": call.decision.site})
+        return await self._serve(call, "fallback")
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Last line of defence: an unexpected exception becomes an OpenAI-style 500, logged."""
+    try:
+        return await handler(request)
+    except web.HTTPException as error:
+        if error.status >= 400:
+            return _json(error.status, error_body(error.reason, "invalid_request_error"))
+        raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("gateway.unhandled_error", extra={"path": request.path})
+        return _json(500, error_body("internal gateway error", "server_error"))
+
+
+def build_app(gateway: Gateway) -> web.Application:
+    """The aiohttp application. Background tasks (polling, scraping, re-tuning) are added
+    by the caller through ``app.cleanup_ctx``; the upstream session closes on cleanup."""
+    app = web.Application(middlewares=[_errors], client_max_size=gateway.settings.max_body_bytes)
+    app.router.add_post(ROUTES["completions"], gateway.handler("completions"))
+    app.router.add_post(ROUTES["chat"], gateway.handler("chat"))
+    app.router.add_get("/v1/models", gateway.models)
+    app.router.add_get("/health", gateway.health)
+    app.router.add_get("/metrics", gateway.prometheus)
+    app.router.add_get("/debug/routing", gateway.debug_routing)
+
+    async def close_upstream(app: web.Application) -> None:
+        await gateway.upstream.close()
+
+    app.on_cleanup.append(close_upstream)
+    app[GATEWAY_KEY] = gateway
+    return app

@@ -1,0 +1,122 @@
+"""``pdbridge gateway``: run the OpenAI-compatible gateway for one deployment.
+
+Either ``--deployment ID --console URL`` (poll the console's config snapshot; the token comes
+from ``--token`` or ``PDBRIDGE_GATEWAY_TOKEN``) or ``--config FILE`` (a static snapshot, as
+the console would serve it). Knobs: ``--settings FILE`` (YAML, see docs/gateway.md).
+TLS by default: serving needs ``--tls-cert/--tls-key`` and an ``https://`` console URL, unless
+``--insecure`` is given explicitly. Never imports Django.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import ssl
+import sys
+from pathlib import Path
+
+from agents.gateway import logs
+from agents.gateway.config import ConfigError, load_settings, load_snapshot_file
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="pdbridge gateway", description=__doc__.split("\n\n")[0])
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--deployment", type=int, help="deployment id to poll from the console")
+    source.add_argument("--config", type=Path, help="static config snapshot file (JSON/YAML)")
+    p.add_argument("--console", help="console base URL (with --deployment)")
+    p.add_argument(
+        "--token", default=os.environ.get("PDBRIDGE_GATEWAY_TOKEN"), help="node or user token"
+    )
+    p.add_argument("--settings", type=Path, help="gateway settings YAML")
+    p.add_argument("--host", help="listen address (overrides settings)")
+    p.add_argument("--port", type=int, help="listen port, 0 for ephemeral (overrides settings)")
+    p.add_argument("--state-dir", help="where the last good config is kept (overrides settings)")
+    p.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
+    p.add_argument("--tls-key", type=Path, help="server key (PEM)")
+    p.add_argument("--ca-file", type=Path, help="CA bundle for the console and https engines")
+    p.add_argument("--client-cert", type=Path, help="client certificate for mTLS upstream")
+    p.add_argument("--client-key", type=Path, help="client key for mTLS upstream")
+    p.add_argument("--insecure", action="store_true", help="allow plaintext (tests, loopback)")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """Entry point registered in ``pdbridge.cli``; returns an exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        settings = load_settings(args.settings)
+    except (ConfigError, OSError) as error:
+        print(f"pdbridge gateway: {error}", file=sys.stderr)
+        return 2
+    overrides = {
+        k: v
+        for k, v in {"host": args.host, "port": args.port, "state_dir": args.state_dir}.items()
+        if v is not None
+    }
+    settings = dataclasses.replace(settings, **overrides)
+    if args.deployment is not None and not args.console:
+        print("pdbridge gateway: --console URL is required with --deployment", file=sys.stderr)
+        return 2
+    if not args.insecure:
+        if not (args.tls_cert and args.tls_key):
+            print(
+                "pdbridge gateway: --tls-cert/--tls-key required (or --insecure)", file=sys.stderr
+            )
+            return 2
+        if args.console and not args.console.startswith("https://"):
+            print(
+                "pdbridge gateway: the console URL must be https:// (or --insecure)",
+                file=sys.stderr,
+            )
+            return 2
+    ssl_server = None
+    if args.tls_cert and args.tls_key:
+        ssl_server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_server.load_cert_chain(args.tls_cert, args.tls_key)
+    ssl_client = None
+    if args.ca_file or args.client_cert:
+        ssl_client = ssl.create_default_context(cafile=str(args.ca_file) if args.ca_file else None)
+        if args.client_cert and args.client_key:
+            ssl_client.load_cert_chain(args.client_cert, args.client_key)
+    logs.configure(args.log_level)
+    return asyncio.run(_run(args, settings, ssl_server, ssl_client))
+
+
+async def _run(
+    args: argparse.Namespace,
+    settings: object,
+    ssl_server: ssl.SSLContext | None,
+    ssl_client: ssl.SSLContext | None,
+) -> int:
+    # Imported here: aiohttp's server stack is only needed once arguments are valid.
+    from agents.gateway.app import Gateway
+    from agents.gateway.config import GatewaySettings
+    from agents.gateway.poller import ConfigPoller
+    from agents.gateway.server import serve_forever
+
+    assert isinstance(settings, GatewaySettings)  # noqa: S101 - narrowing for mypy
+    gateway = Gateway(settings, upstream_ssl=ssl_client)
+    poller = None
+    if args.config is not None:
+        try:
+            gateway.apply(load_snapshot_file(args.config))
+        except (ConfigError, OSError, ValueError) as error:
+            print(f"pdbridge gateway: {args.config}: {error}", file=sys.stderr)
+            return 2
+    else:
+        poller = ConfigPoller(
+            console_url=args.console,
+            deployment_id=args.deployment,
+            token=args.token,
+            interval_s=settings.poll_interval_s,
+            state_dir=Path(settings.state_dir),
+            apply=gateway.apply,
+            on_result=lambda result: gateway.metrics.config_polls.labels(result).inc(),
+            ssl_context=ssl_client,
+        )
+    await serve_forever(gateway, poller=poller, ssl_server=ssl_server)
+    return 0

@@ -1,0 +1,152 @@
+"""Prometheus metrics of the gateway (``pdbridge_gateway_`` prefix, base units).
+
+One :class:`GatewayMetrics` per gateway process, on its own registry (served at ``/metrics``).
+Labelled children used on the hot path are cached in dicts so that a request costs a few
+dictionary lookups and increments, not label resolution.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from agents.gateway.decision import REASONS
+
+PATHS = ("remote", "local", "fallback")
+OUTCOMES = ("ok", "client_error", "upstream_error", "rejected", "canceled")
+FALLBACK_CAUSES = (
+    "breaker_open",
+    "link_saturated",
+    "no_remote_site",
+    "prefill_error",
+    "prefill_timeout",
+    "kv_transfer",
+    "kv_timeout",
+    "decode_error",
+)
+
+_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+)  # fmt: skip
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
+
+
+class GatewayMetrics:
+    """The gateway's metric families and cached children."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "pdbridge_gateway_requests", "Requests answered, by path and outcome.",
+            ["path", "outcome"], registry=r,
+        )  # fmt: skip
+        self.decisions = Counter(
+            "pdbridge_gateway_decisions", "Routing decisions, by path and reason.",
+            ["path", "reason"], registry=r,
+        )  # fmt: skip
+        self.fallbacks = Counter(
+            "pdbridge_gateway_fallbacks", "Requests served by local prefill instead of the "
+            "remote path, by cause.", ["cause"], registry=r,
+        )  # fmt: skip
+        self.budget_rejections = Counter(
+            "pdbridge_gateway_fallback_budget_rejections",
+            "Requests refused with 503 because the fallback budget was spent.",
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "pdbridge_gateway_time_to_first_token_seconds",
+            "Arrival to the first response byte sent to the client.", ["path"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tpot = Histogram(
+            "pdbridge_gateway_time_per_output_token_seconds",
+            "Mean gap between streamed events of one request.", ["path"],
+            buckets=_TPOT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "pdbridge_gateway_request_duration_seconds", "Arrival to the last byte sent.",
+            ["path"], buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.inflight = Gauge(
+            "pdbridge_gateway_requests_in_flight", "Requests being served.", ["path"], registry=r
+        )
+        self.breaker_state = Gauge(
+            "pdbridge_gateway_breaker_state", "Breaker state: 0 closed, 1 half-open, 2 open.",
+            ["scope", "name"], registry=r,
+        )  # fmt: skip
+        self.breaker_ejections = Gauge(
+            "pdbridge_gateway_breaker_ejections", "Times a breaker has opened since start.",
+            ["scope", "name"], registry=r,
+        )  # fmt: skip
+        self.threshold = Gauge(
+            "pdbridge_gateway_effective_threshold_tokens",
+            "Incremental prompt length from which requests go remote, after re-tuning.",
+            registry=r,
+        )
+        self.threshold_changes = Counter(
+            "pdbridge_gateway_threshold_changes", "Re-tuning steps of the threshold.",
+            ["direction"], registry=r,
+        )  # fmt: skip
+        self.share = Gauge(
+            "pdbridge_gateway_remote_share_ratio", "Configured remote (canary) share, 0-1.",
+            registry=r,
+        )  # fmt: skip
+        self.kill_switch = Gauge(
+            "pdbridge_gateway_kill_switch", "1 when the kill switch sends everything local.",
+            registry=r,
+        )  # fmt: skip
+        self.config_version = Gauge(
+            "pdbridge_gateway_config_version", "Version of the applied config snapshot.",
+            registry=r,
+        )  # fmt: skip
+        self.config_polls = Counter(
+            "pdbridge_gateway_config_polls", "Config polls by result.", ["result"], registry=r
+        )
+        self.site_queue = Gauge(
+            "pdbridge_gateway_site_queue_depth", "Requests queued at a remote site.", ["site"],
+            registry=r,
+        )  # fmt: skip
+        self.site_utilization = Gauge(
+            "pdbridge_gateway_site_link_utilization_ratio",
+            "Estimated fraction of the site's link bandwidth in use.", ["site"], registry=r,
+        )  # fmt: skip
+        self._requests = {(p, o): self.requests.labels(p, o) for p in PATHS for o in OUTCOMES}
+        self._decisions = {
+            (p, reason): self.decisions.labels(p, reason)
+            for p in ("remote", "local")
+            for reason in REASONS
+        }
+        self._fallbacks = {c: self.fallbacks.labels(c) for c in FALLBACK_CAUSES}
+        self._ttft = {p: self.ttft.labels(p) for p in PATHS}
+        self._tpot = {p: self.tpot.labels(p) for p in PATHS}
+        self._e2e = {p: self.e2e.labels(p) for p in PATHS}
+        self._inflight = {p: self.inflight.labels(p) for p in PATHS}
+
+    def decision(self, path: str, reason: str) -> None:
+        self._decisions[(path, reason)].inc()
+
+    def fallback(self, cause: str) -> None:
+        self._fallbacks[cause].inc()
+
+    def begin(self, path: str) -> None:
+        self._inflight[path].inc()
+
+    def finish(
+        self, path: str, outcome: str, ttft_s: float | None, e2e_s: float, tpot_s: float | None
+    ) -> None:
+        """One request ended (called exactly once per request that got a path)."""
+        self._inflight[path].dec()
+        self._requests[(path, outcome)].inc()
+        if ttft_s is not None:
+            self._ttft[path].observe(ttft_s)
+        if tpot_s is not None:
+            self._tpot[path].observe(tpot_s)
+        self._e2e[path].observe(e2e_s)
+
+    def abandon(self, path: str) -> None:
+        """A path was begun and given up without an outcome (the remote path fell back)."""
+        self._inflight[path].dec()
+
+    def request(self, path: str, outcome: str) -> None:
+        """A request answered without upstream (4xx, 503 from the budget)."""
+        self._requests[(path, outcome)].inc()

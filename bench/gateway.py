@@ -1,0 +1,392 @@
+"""Gateway benchmarks (``make bench-gateway``; JSON in ``var/bench/gateway.json``).
+
+1. Decision cost: routing decisions per second on one core (the router with two remote sites,
+   random keys and lengths, half of them past the threshold). Target >= 20,000.
+2. Overhead against a minimal canned-SSE upstream, side by side in one run — the same load
+   straight to the upstream and through a real ``pdbridge gateway`` process (static config,
+   everything below the threshold: the local pass-through path with routing, metrics, logs):
+   * paced: 200 concurrent streams at 40 tokens/s; added TTFT p50 <= 2 ms, p99 <= 10 ms,
+     added inter-token delay p99 <= 5 ms;
+   * saturation: a fixed number of concurrent clients as fast as they go; requests/s through
+     the gateway >= 0.8 x direct.
+   Direct and gateway runs alternate (``--rounds``) so that machine noise hits both.
+
+Run: ``python -m bench.gateway [--quick]``; ``python -m bench.gateway upstream`` runs only the
+canned upstream (prints its port).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "var" / "bench" / "gateway.json"
+MODEL = "bench"
+
+
+# -- the canned upstream ---------------------------------------------------------------------
+def _event(i: int) -> bytes:
+    doc = {
+        "id": "cmpl-bench",
+        "object": "text_completion.chunk",
+        "created": 0,
+        "model": MODEL,
+        "choices": [{"index": 0, "text": f" tok{i}", "finish_reason": None}],
+    }
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+_EVENTS = [_event(i) for i in range(512)]
+
+
+async def _sse(request: web.Request) -> web.StreamResponse:
+    body = await request.json()
+    n = int(body.get("max_tokens", 16))
+    pace = float(body.get("bench_pace_ms", 0)) / 1000
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for i in range(n):
+        if pace:
+            await asyncio.sleep(pace)
+        await response.write(_EVENTS[i % len(_EVENTS)])
+    await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+async def _upstream_main() -> None:
+    app = web.Application()
+    app.router.add_post("/v1/completions", _sse)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, backlog=2048).start()
+    print(json.dumps({"port": runner.addresses[0][1]}), flush=True)
+    await asyncio.Event().wait()
+
+
+async def _bare_proxy_main(upstream: str) -> None:
+    """Reference point: the barest aiohttp pass-through proxy (no parsing, routing, metrics
+    or logs), to show what the machine allows for any proxy at the time of the run."""
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        async with session.post(
+            upstream + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        ) as up:
+            response = web.StreamResponse(status=up.status)
+            response.content_type = up.content_type
+            await response.prepare(request)
+            async for chunk in up.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handle)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, backlog=2048).start()
+    print(json.dumps({"port": runner.addresses[0][1]}), flush=True)
+    await asyncio.Event().wait()
+
+
+def _spawn(args: list[str], ready: str) -> tuple[subprocess.Popen[str], int]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if ready == "json":
+        return proc, int(json.loads(line)["port"])
+    return proc, int(line.strip().rsplit(":", 1)[1])
+
+
+def _snapshot(upstream_url: str) -> dict[str, Any]:
+    return {
+        "deployment": {"id": 1, "name": "bench", "state": "active"},
+        "version": 1,
+        "model": {"name": MODEL, "engine_settings": {}},
+        "routing": {
+            "remote_prefill_threshold_tokens": 1_000_000,
+            "remote_share_percent": 100,
+            "kill_switch": False,
+            "fallback_to_local_prefill": True,
+            "link_utilization_ceiling": 0.7,
+        },
+        "circuit_breaker": {"error_rate_limit": 0.05, "latency_p99_limit_ms": 2500},
+        "kv_transfer": {"timeout_ms": 4000},
+        "pools": {
+            "decode": {"site": "local", "nodes": [{"hostname": "up", "engine_url": upstream_url}]},
+            "prefill": [{"site": "remote", "nodes": [{"hostname": "pre", "engine_url": "http://127.0.0.1:9"}]}],
+        },
+        "links": [{"from_site": "remote", "to_site": "local", "provisioned_mbit_s": 10000}],
+    }  # fmt: skip
+
+
+# -- load ------------------------------------------------------------------------------------
+async def _stream(
+    session: aiohttp.ClientSession, url: str, tokens: int, pace_ms: float
+) -> tuple[float, list[float]]:
+    """One streamed request: (TTFT, gaps between data events), client-side."""
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": tokens, "stream": True,
+            "bench_pace_ms": pace_ms}  # fmt: skip
+    start = time.perf_counter()
+    ttft = -1.0
+    gaps: list[float] = []
+    last = start
+    async with session.post(url + "/v1/completions", json=body) as response:
+        if response.status != 200:
+            raise RuntimeError(f"status {response.status}")
+        async for chunk in response.content.iter_any():
+            now = time.perf_counter()
+            events = chunk.count(b"data: {")
+            if not events:
+                continue
+            if ttft < 0:
+                ttft = now - start
+            else:
+                gaps.append(now - last)
+            last = now
+    return ttft, gaps
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+async def paced(
+    url: str, streams: int, tokens: int, pace_ms: float, per_client: int
+) -> dict[str, float]:
+    """``streams`` concurrent clients, each running ``per_client`` paced streams back to back
+    (steady state: kept-alive connections). The first stream of each client warms its
+    connections and is left out of the figures."""
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def client(i: int) -> list[tuple[float, list[float]]]:
+            # Spread starts over one token interval, as real arrivals are.
+            await asyncio.sleep(pace_ms / 1000 * i / streams)
+            return [await _stream(session, url, tokens, pace_ms) for _ in range(per_client)]
+
+        results = [
+            r for rs in await asyncio.gather(*(client(i) for i in range(streams))) for r in rs[1:]
+        ]
+    ttfts = [r[0] for r in results]
+    gaps = [g for r in results for g in r[1]]
+    return {
+        "streams_measured": len(results),
+        "ttft_p50_ms": _pct(ttfts, 0.5) * 1000,
+        "ttft_p99_ms": _pct(ttfts, 0.99) * 1000,
+        "itl_p50_ms": _pct(gaps, 0.5) * 1000,
+        "itl_p99_ms": _pct(gaps, 0.99) * 1000,
+    }
+
+
+async def saturate(url: str, clients: int, seconds: float, tokens: int) -> float:
+    connector = aiohttp.TCPConnector(limit=0)
+    done = 0
+    async with aiohttp.ClientSession(connector=connector) as session:
+        stop = time.perf_counter() + seconds
+
+        async def client() -> None:
+            nonlocal done
+            while time.perf_counter() < stop:
+                await _stream(session, url, tokens, 0)
+                done += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        elapsed = time.perf_counter() - start
+    return done / elapsed
+
+
+# -- decision cost ---------------------------------------------------------------------------
+def decisions_per_second(n: int) -> float:
+    from agents.gateway.config import GatewaySettings, parse_snapshot
+    from agents.gateway.state import Router
+
+    snap = _snapshot("http://127.0.0.1:9")
+    snap["routing"]["remote_prefill_threshold_tokens"] = 4096
+    snap["routing"]["remote_share_percent"] = 50
+    snap["pools"]["prefill"].append(
+        {"site": "remote-b", "nodes": [{"hostname": "b", "engine_url": "http://127.0.0.1:11"}]}
+    )
+    router = Router(GatewaySettings())
+    router.apply(parse_snapshot(snap))
+    config = router.config
+    assert config is not None
+    rng = random.Random(7)
+    keys = [f"user-{rng.randrange(1_000_000)}" for _ in range(4096)]
+    lengths = [rng.randrange(0, 8192) for _ in range(4096)]
+    remote = 0
+    start = time.perf_counter()
+    for i in range(n):
+        decision = router.decide(config, keys[i & 4095], lengths[i & 4095])
+        if decision.path == "remote":
+            remote += 1
+            router.note_remote_tokens(decision.site or "", decision.incremental_tokens)
+    elapsed = time.perf_counter() - start
+    assert remote > 0
+    return n / elapsed
+
+
+# -- orchestration ---------------------------------------------------------------------------
+async def _overhead(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any]:
+    rounds: list[dict[str, Any]] = []
+    for _ in range(args.rounds):
+        row: dict[str, Any] = {}
+        for name, url in urls.items():
+            row[name] = {
+                "paced": await paced(
+                    url, args.streams, args.tokens, 1000 / args.tok_s, args.per_client
+                ),
+                "saturation_rps": await saturate(url, args.clients, args.seconds, 64),
+            }
+        rounds.append(row)
+
+    def med(path: str, key: str) -> float:
+        values = [r[path]["paced"][key] for r in rounds]
+        return statistics.median(values)
+
+    direct_rps = statistics.median(r["direct"]["saturation_rps"] for r in rounds)
+    gateway_rps = statistics.median(r["gateway"]["saturation_rps"] for r in rounds)
+    bare_rps = statistics.median(r["bare_proxy"]["saturation_rps"] for r in rounds)
+    return {
+        "bare_proxy_rps": bare_rps,
+        "bare_proxy_ratio": bare_rps / direct_rps,
+        "bare_proxy_added_ttft_p50_ms": med("bare_proxy", "ttft_p50_ms")
+        - med("direct", "ttft_p50_ms"),
+        "bare_proxy_added_ttft_p99_ms": med("bare_proxy", "ttft_p99_ms")
+        - med("direct", "ttft_p99_ms"),
+        "bare_proxy_added_itl_p99_ms": med("bare_proxy", "itl_p99_ms")
+        - med("direct", "itl_p99_ms"),
+        "rounds": rounds,
+        "added_ttft_p50_ms": med("gateway", "ttft_p50_ms") - med("direct", "ttft_p50_ms"),
+        "added_ttft_p99_ms": med("gateway", "ttft_p99_ms") - med("direct", "ttft_p99_ms"),
+        "added_itl_p99_ms": med("gateway", "itl_p99_ms") - med("direct", "itl_p99_ms"),
+        "direct_rps": direct_rps,
+        "gateway_rps": gateway_rps,
+        "saturation_ratio": gateway_rps / direct_rps,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gateway")
+    p.add_argument("mode", nargs="?", default="all", choices=["all", "upstream", "bare-proxy"])
+    p.add_argument("--upstream", help="upstream URL (bare-proxy mode)")
+    p.add_argument("--quick", action="store_true", help="smaller load (smoke run)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--streams", type=int, default=200)
+    p.add_argument("--tok-s", type=float, default=40)
+    p.add_argument("--tokens", type=int, default=40)
+    p.add_argument("--per-client", type=int, default=4, help="paced streams per client")
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--seconds", type=float, default=4)
+    p.add_argument("--decisions", type=int, default=200_000)
+    args = p.parse_args(argv)
+    if args.mode == "upstream":
+        asyncio.run(_upstream_main())
+        return 0
+    if args.mode == "bare-proxy":
+        asyncio.run(_bare_proxy_main(args.upstream))
+        return 0
+    if args.quick:
+        args.rounds, args.streams, args.tokens, args.seconds = 1, 50, 10, 1
+        args.per_client, args.decisions = 2, 20_000
+    rate = decisions_per_second(args.decisions)
+    print(f"decisions/s (one core): {rate:,.0f}  (target >= 20,000)")
+    upstream, up_port = _spawn(["-m", "bench.gateway", "upstream"], "json")
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "snapshot.json"
+        config.write_text(json.dumps(_snapshot(f"http://127.0.0.1:{up_port}")))
+        settings = Path(tmp) / "settings.yaml"
+        settings.write_text(f"scrape_interval_s: 0\nstate_dir: {tmp}\n")
+        bare, bare_port = _spawn(
+            ["-m", "bench.gateway", "bare-proxy", "--upstream", f"http://127.0.0.1:{up_port}"],
+            "json",
+        )
+        gateway, gw_port = _spawn(
+            ["-m", "pdbridge.cli", "gateway", "--config", str(config), "--settings", str(settings),
+             "--insecure", "--port", "0", "--log-level", "WARNING"],
+            "text",
+        )  # fmt: skip
+        try:
+            overhead = asyncio.run(
+                _overhead(
+                    args,
+                    {
+                        "direct": f"http://127.0.0.1:{up_port}",
+                        "bare_proxy": f"http://127.0.0.1:{bare_port}",
+                        "gateway": f"http://127.0.0.1:{gw_port}",
+                    },
+                )
+            )
+        finally:
+            for proc in (gateway, bare, upstream):
+                proc.terminate()
+                proc.wait(timeout=10)
+    result = {
+        "decisions_per_s": rate,
+        **overhead,
+        "targets": {
+            "decisions_per_s": 20_000,
+            "added_ttft_p50_ms": 2,
+            "added_ttft_p99_ms": 10,
+            "added_itl_p99_ms": 5,
+            "saturation_ratio": 0.8,
+        },
+        "settings": {k: v for k, v in vars(args).items() if k != "mode"},
+        "cpus": os.cpu_count(),
+    }
+    checks = {
+        "decisions_per_s": rate >= 20_000,
+        "added_ttft_p50_ms": overhead["added_ttft_p50_ms"] <= 2,
+        "added_ttft_p99_ms": overhead["added_ttft_p99_ms"] <= 10,
+        "added_itl_p99_ms": overhead["added_itl_p99_ms"] <= 5,
+        "saturation_ratio": overhead["saturation_ratio"] >= 0.8,
+    }
+    result["pass"] = checks
+    for key in ("added_ttft_p50_ms", "added_ttft_p99_ms", "added_itl_p99_ms"):
+        print(f"{key}: {overhead[key]:.2f}  {'ok' if checks[key] else 'OVER TARGET'}")
+    print(
+        f"saturation: direct {overhead['direct_rps']:.0f} req/s, gateway "
+        f"{overhead['gateway_rps']:.0f} req/s, ratio {overhead['saturation_ratio']:.2f}  "
+        f"{'ok' if checks['saturation_ratio'] else 'UNDER TARGET'}"
+    )
+    print(
+        f"reference, bare aiohttp proxy in the same run: ratio {overhead['bare_proxy_ratio']:.2f}, "
+        f"added TTFT p50/p99 {overhead['bare_proxy_added_ttft_p50_ms']:.2f}/"
+        f"{overhead['bare_proxy_added_ttft_p99_ms']:.2f} ms, added ITL p99 "
+        f"{overhead['bare_proxy_added_itl_p99_ms']:.2f} ms"
+    )
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=2))
+    print(f"written {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

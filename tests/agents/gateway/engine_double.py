@@ -1,0 +1,180 @@
+"""A TEST DOUBLE for an inference engine (vLLM / the reference engine), standing in for them
+until the reference engine with the prefill/decode split is available to these tests.
+
+It is a real aiohttp server on loopback speaking the same HTTP surface the gateway uses:
+``/v1/completions`` and ``/v1/chat/completions`` (JSON or SSE with ids, a usage chunk and
+``[DONE]``), ``/health``, ``/metrics`` (``vllm:num_requests_waiting``), ``/tokenize``, and the
+push-mode ``kv_transfer_params`` convention: a prefill leg (``do_remote_decode``) deposits the
+"KV" for its ``transfer_id`` in a store shared by the doubles of one test; a decode leg
+(``do_remote_prefill``) waits for it up to ``kv_timeout_s`` and answers 503 with the code
+``kv_transfer_timeout`` when it does not come. Output tokens are a deterministic function of
+the prompt, so remote, local and fallback answers can be compared.
+
+Behaviour knobs (attributes, changeable mid-test): ``fail_status`` (answer every generation
+with this status), ``prefill_delay_s``, ``token_delay_s``, ``drop_kv`` (prefill answers 200
+but deposits nothing), ``die_after_events`` (close the connection mid-stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class KvStore:
+    """Transfers "in flight" between doubles of one test: transfer_id -> event."""
+
+    arrived: dict[str, asyncio.Event] = field(default_factory=dict)
+
+    def event(self, transfer_id: str) -> asyncio.Event:
+        return self.arrived.setdefault(transfer_id, asyncio.Event())
+
+
+def tokens_for(prompt: Any, n: int) -> list[str]:
+    """Deterministic output tokens for a prompt (the double's 'model')."""
+    seed = hashlib.sha256(json.dumps(prompt, sort_keys=True).encode()).hexdigest()
+    return [f" w{seed[i % 60 : i % 60 + 4]}" for i in range(n)]
+
+
+class EngineDouble:
+    """One engine test double; ``start()`` binds an ephemeral loopback port."""
+
+    def __init__(self, name: str, kv: KvStore, kv_timeout_s: float = 2.0) -> None:
+        self.name = name
+        self.kv = kv
+        self.kv_timeout_s = kv_timeout_s
+        self.fail_status: int | None = None
+        self.prefill_delay_s = 0.0
+        self.token_delay_s = 0.0
+        self.drop_kv = False
+        self.die_after_events: int | None = None
+        self.waiting = 0
+        self.requests: list[dict[str, Any]] = []
+        self.raw_bodies: list[bytes] = []
+        self.headers: list[Any] = []
+        self.cancelled = 0
+        self.completed = 0
+        self.active = 0
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> EngineDouble:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.generate)
+        app.router.add_post("/v1/chat/completions", self.generate)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_post("/tokenize", self.tokenize)
+        self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        return self
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            text=(
+                "# TYPE vllm:num_requests_waiting gauge\n"
+                f'vllm:num_requests_waiting{{model_name="tiny",engine="0"}} {self.waiting}\n'
+            )
+        )
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        return web.json_response({"count": len(body["prompt"].split()), "tokens": []})
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        body = json.loads(raw)
+        self.raw_bodies.append(raw)
+        self.requests.append(body)
+        self.headers.append(request.headers.copy())
+        self.active += 1
+        try:
+            response = await self._generate(request, body)
+            self.completed += 1
+            return response
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.active -= 1
+
+    async def _generate(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        if self.fail_status is not None:
+            return web.json_response(
+                {"error": {"message": "injected failure", "type": "server_error", "code": None}},
+                status=self.fail_status,
+            )
+        kv = body.get("kv_transfer_params") or {}
+        chat = "messages" in body
+        prompt = body["messages"] if chat else body["prompt"]
+        if kv.get("do_remote_decode"):
+            await asyncio.sleep(self.prefill_delay_s)
+            if not self.drop_kv:
+                self.kv.event(kv["transfer_id"]).set()
+            return web.json_response(
+                {"id": "cmpl-prefill", "object": "text_completion", "choices": [
+                    {"index": 0, "text": tokens_for(prompt, 1)[0], "finish_reason": "length"}],
+                 "kv_transfer_params": {"transfer_id": kv["transfer_id"], "sent": not self.drop_kv}}
+            )  # fmt: skip
+        if kv.get("do_remote_prefill"):
+            try:
+                await asyncio.wait_for(self.kv.event(kv["transfer_id"]).wait(), self.kv_timeout_s)
+            except TimeoutError:
+                return web.json_response(
+                    {"error": {"message": "the KV did not arrive in time", "type": "server_error",
+                               "code": "kv_transfer_timeout"}},
+                    status=503,
+                )  # fmt: skip
+        n = body.get("max_tokens") or body.get("max_completion_tokens") or 8
+        words = tokens_for(prompt, n)
+        created = int(time.time())
+        obj = "chat.completion" if chat else "text_completion"
+        if not body.get("stream"):
+            choice: dict[str, Any] = (
+                {"index": 0, "message": {"role": "assistant", "content": "".join(words)}, "finish_reason": "length"}
+                if chat
+                else {"index": 0, "text": "".join(words), "finish_reason": "length"}
+            )  # fmt: skip
+            await asyncio.sleep(self.token_delay_s * n)
+            return web.json_response(
+                {"id": "cmpl-1", "object": obj, "created": created, "model": body["model"],
+                 "choices": [choice],
+                 "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}}
+            )  # fmt: skip
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i, word in enumerate(words):
+            if self.die_after_events is not None and i >= self.die_after_events:
+                assert request.transport is not None
+                request.transport.abort()
+                return response
+            delta = {"delta": {"content": word}} if chat else {"text": word}
+            event = {"id": "cmpl-1", "object": obj + ".chunk", "created": created,
+                     "model": body["model"], "choices": [{"index": 0, **delta, "finish_reason": None}]}  # fmt: skip
+            await response.write(f"data: {json.dumps(event)}\n\n".encode())
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s)
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {"id": "cmpl-1", "object": obj + ".chunk", "created": created, "model": body["model"],
+                     "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}}  # fmt: skip
+            await response.write(f"data: {json.dumps(usage)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response

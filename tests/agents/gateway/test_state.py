@@ -1,0 +1,165 @@
+"""The router around the decision core: site views from live signals, instance choice,
+utilisation estimate, re-tuning, config swaps."""
+
+import pytest
+
+from agents.gateway.config import GatewaySettings, parse_snapshot
+from agents.gateway.state import Router
+from tests.agents.gateway.clock import Clock
+from tests.agents.gateway.snapshots import snapshot
+
+SETTINGS = GatewaySettings(
+    breaker_consecutive_failures=2,
+    breaker_ejection_base_s=10,
+    utilization_window_s=5,
+    kv_bytes_per_token=1000,
+    retune_step=2.0,
+    retune_max_factor=4.0,
+)
+
+
+def make_router(**routing):
+    clock = Clock(100.0)
+    router = Router(SETTINGS, clock)
+    data = snapshot(prefill_sites={"a": ("http://a1", "http://a2"), "b": ("http://b1",)}, **routing)
+    # a: 100 Mbit/s, b: 50 Mbit/s, ceiling 0.7
+    data["links"][0]["provisioned_mbit_s"] = 100
+    data["links"][1]["provisioned_mbit_s"] = 50
+    router.apply(parse_snapshot(data))
+    return router, clock
+
+
+def trip_site_a(router):
+    """Two failed prefill legs at site a (consecutive_failures=2 opens its breakers)."""
+    a1 = router.config.prefill[0].instances[0]
+    for _ in range(2):
+        router.acquire_prefill(router.config, "a")
+        router.record_prefill("a", a1, False, 0.1, "test")
+
+
+def test_share_over_5000_requests_through_router_is_within_2_percent_and_sticky():
+    router, _ = make_router(remote_share_percent=10)
+    config = router.config
+
+    first = [router.decide(config, f"user-{i}", 5000).path for i in range(5000)]
+    again = [router.decide(config, f"user-{i}", 5000).path for i in range(5000)]
+
+    share = first.count("remote") / 5000
+    assert abs(share - 0.10) <= 0.02
+    assert first == again
+
+
+def test_best_site_by_bandwidth_then_queue():
+    router, _ = make_router()
+    config = router.config
+
+    assert router.decide(config, "k", 5000).site == "a"
+    router.stats["a"].scraped_queue = 3  # a: 100/(1+3) = 25 < b: 50
+    assert router.decide(config, "k", 5000).site == "b"
+
+
+def test_utilization_estimate_from_routed_tokens_expires_with_window():
+    router, clock = make_router()
+
+    # 43,750 tokens x 1000 B x 8 / 5 s = 70 Mbit/s on a 100 Mbit/s link: at the 0.7 ceiling.
+    router.note_remote_tokens("a", 43_750)
+
+    assert router.utilization("a", 100) == pytest.approx(0.7)
+    assert router.decide(router.config, "k", 5000).site == "b"
+    clock.now += 5.1
+    assert router.utilization("a", 100) == 0.0
+    assert router.decide(router.config, "k", 5000).site == "a"
+
+
+def test_all_sites_saturated_wants_remote_with_link_saturated():
+    router, _ = make_router()
+    router.note_remote_tokens("a", 50_000)
+    router.note_remote_tokens("b", 25_000)
+
+    d = router.decide(router.config, "k", 5000)
+
+    assert (d.path, d.reason, d.wants_remote) == ("local", "link_saturated", True)
+
+
+def test_instance_breakers_pick_healthy_instance_and_site_stays_available():
+    router, _ = make_router()
+    config = router.config
+    a1 = config.prefill[0].instances[0]
+    for _ in range(2):
+        inst = router.acquire_prefill(config, "a")
+        assert inst == a1
+        router.instance_breakers[a1.url].record(False, 0.1)
+        router.site_breakers["a"].record(True, 0.1)
+
+    chosen = router.acquire_prefill(config, "a")
+
+    assert chosen.url == "http://a2"
+    assert router.instance_breakers[a1.url].state == "open"
+    assert router.decide(config, "k", 5000).site == "a"
+
+
+def test_site_breaker_open_makes_site_unavailable():
+    router, _ = make_router()
+    config = router.config
+    trip_site_a(router)
+
+    assert router.site_breakers["a"].state == "open"
+    assert router.acquire_prefill(config, "a") is None
+    assert router.decide(config, "k", 5000).site == "b"
+
+
+def test_least_loaded_instance_and_decode_choice():
+    router, _ = make_router()
+    config = router.config
+    router.begin("http://a1", "a")
+
+    assert router.acquire_prefill(config, "a").url == "http://a2"
+    assert router.stats["a"].inflight == 1
+    router.end("http://a1", "a")
+    assert router.stats["a"].inflight == 0
+
+
+def test_retune_raises_threshold_under_link_pressure_and_lowers_when_it_falls():
+    router, clock = make_router()
+    config = router.config
+    router.note_remote_tokens("a", 40_000)  # 0.64 of 100 Mbit/s: pressure 0.91 of ceiling
+    router.note_remote_tokens("b", 20_000)  # 0.64 of 50 Mbit/s
+
+    assert router.retune() == (1.0, 2.0)
+    assert router.decide(config, "k", 150).reason == "below_threshold"
+    assert router.debug()["effective_threshold_tokens"] == 200
+    clock.now += 6
+    assert router.retune() == (2.0, 1.0)
+    assert router.decide(config, "k", 150).path == "remote"
+
+
+def test_retune_on_queue_pressure():
+    router, _ = make_router()
+    router.stats["a"].scraped_queue = 8
+    router.stats["b"].scraped_queue = 10
+
+    assert router.retune() == (1.0, 2.0)
+
+
+def test_apply_keeps_breaker_state_of_remaining_sites_and_drops_removed():
+    router, _ = make_router()
+    trip_site_a(router)
+    data = snapshot(prefill_sites={"a": ("http://a1",)}, version=4)
+
+    router.apply(parse_snapshot(data))
+
+    assert router.site_breakers["a"].state == "open"
+    assert set(router.site_breakers) == {"a"}
+    assert set(router.instance_breakers) == {"http://a1"}
+
+
+def test_debug_document_lists_sites_instances_and_breakers():
+    router, _ = make_router()
+
+    doc = router.debug()
+
+    assert doc["config"]["version"] == 3
+    assert [s["site"] for s in doc["sites"]] == ["a", "b"]
+    assert doc["sites"][0]["breaker"]["state"] == "closed"
+    assert [i["url"] for i in doc["sites"][0]["instances"]] == ["http://a1", "http://a2"]
+    assert doc["decode"]["instances"][0]["kv_address"] == "127.0.0.1:7100"
