@@ -73,6 +73,18 @@ def start_engine(args: list[str], log: Path, timeout: float = 120.0) -> EnginePr
     return EngineProc(proc, f"http://127.0.0.1:{ready['port']}", ready, log)
 
 
+def serve_expecting_exit(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``pdbridge engine serve`` with options that must make it refuse to start."""
+    return subprocess.run(
+        [sys.executable, "-m", "pdbridge.cli", "engine", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(),
+        check=False,
+    )
+
+
 def engine_args(models_dir: Path, specs: list[str] = MODEL_SPECS) -> list[str]:
     """Options every test engine shares: the models, their weights, chunk and thread count."""
     models = [a for spec in specs for a in ("--model", spec)]

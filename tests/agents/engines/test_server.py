@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -15,7 +13,7 @@ import pytest
 
 from agents.engines.verify import make_prompt
 from tests.agents.engines.client import decode_leg, get, metric, post, prefill_leg
-from tests.support import subprocess_env
+from tests.agents.engines.conftest import serve_expecting_exit
 
 
 def _sse_events(raw: str) -> list[str]:
@@ -341,25 +339,8 @@ def test_client_disconnect_cancels_work(engine_pair):
 
 
 def test_weights_hash_mismatch_refuses_to_serve(models_dir):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pdbridge.cli",
-            "engine",
-            "serve",
-            "--model",
-            "dense",
-            "--models-dir",
-            str(models_dir),
-            "--expect-sha256",
-            "0" * 64,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=subprocess_env(),
-        check=False,
+    result = serve_expecting_exit(
+        "--model", "dense", "--models-dir", str(models_dir), "--expect-sha256", "0" * 64
     )
 
     assert result.returncode == 2

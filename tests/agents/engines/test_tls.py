@@ -4,15 +4,12 @@ behind an explicit --insecure."""
 from __future__ import annotations
 
 import ssl
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 
 import pytest
 
-from tests.agents.engines.conftest import engine_args, start_engine
-from tests.support import subprocess_env
+from tests.agents.engines.conftest import engine_args, serve_expecting_exit, start_engine
 
 
 @pytest.fixture(scope="module")
@@ -57,24 +54,7 @@ def test_mtls_engine_serves_only_clients_with_a_certificate(tls_engine):
 
 
 def test_plaintext_off_loopback_needs_insecure():
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pdbridge.cli",
-            "engine",
-            "serve",
-            "--model",
-            "dense",
-            "--host",
-            "0.0.0.0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=subprocess_env(),
-        check=False,
-    )
+    result = serve_expecting_exit("--model", "dense", "--host", "0.0.0.0")
 
     assert result.returncode == 2
     assert "--insecure" in result.stderr
