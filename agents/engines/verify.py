@@ -182,6 +182,7 @@ async def verify_prompt(
     seed: int = 0,
     logprobs: int | None = None,
     logprob_tolerance: float = 0.0,
+    local_chunk: int | None = None,
 ) -> PromptResult:
     """Run one prompt both ways and compare. Never raises for engine errors: they land in
     ``error`` with ``match`` false."""
@@ -225,7 +226,9 @@ async def verify_prompt(
         )
         timings["remote_s"] = time.monotonic() - t0
         t0 = time.monotonic()
-        local = await _post(session, f"{decode}/v1/completions", base)
+        # The local reference prefills at the prefill engine's chunk boundaries.
+        local_body = {**base, "chunked_prefill_tokens": local_chunk} if local_chunk else base
+        local = await _post(session, f"{decode}/v1/completions", local_body)
         timings["local_s"] = time.monotonic() - t0
     except (aiohttp.ClientError, RuntimeError, TimeoutError) as exc:
         return PromptResult(length, 0, False, 0, 0, None, None, timings, str(exc))
@@ -272,6 +275,9 @@ async def run_verification(
         pinfo = await engine_info(session, prefill, model)
         dinfo = await engine_info(session, decode, model)
         pext, dext = pinfo.get("pdbridge") or {}, dinfo.get("pdbridge") or {}
+        # A reference decode engine can prefill the local run at the prefill engine's chunk
+        # boundaries; other engines (vLLM) must be configured alike.
+        local_chunk = pext.get("chunked_prefill_tokens") if dext else None
         results = []
         for length in lengths:
             results.append(
@@ -286,13 +292,17 @@ async def run_verification(
                     deadline_s=deadline_s,
                     logprobs=logprobs,
                     logprob_tolerance=logprob_tolerance,
+                    local_chunk=local_chunk,
                 )
             )
-    aligned = pext.get("chunked_prefill_tokens") == dext.get("chunked_prefill_tokens")
+    aligned = bool(local_chunk) or pext.get("chunked_prefill_tokens") == dext.get(
+        "chunked_prefill_tokens"
+    )
     return {
         "model": model,
         "ok": all(r.match for r in results),
         "chunk_aligned": aligned,
+        "local_chunked_prefill_tokens": local_chunk,
         "fingerprints_equal": pext.get("fingerprint") == dext.get("fingerprint"),
         "engines": {"prefill": {"url": prefill, **pext}, "decode": {"url": decode, **dext}},
         "prompts": [asdict(r) for r in results],

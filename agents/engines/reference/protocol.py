@@ -72,6 +72,9 @@ class CompletionRequest:
     ignore_eos: bool = False
     #: Top-k logprobs per output token (None = not requested).
     logprobs: int | None = None
+    #: Extension: prefill chunk for this request (verification reproduces another engine's
+    #: chunk boundaries with it); None = the engine's own.
+    chunked_prefill_tokens: int | None = None
 
 
 def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
@@ -217,7 +220,19 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
         request_id=str(body.get("request_id") or uuid.uuid4().hex),
         ignore_eos=bool(body.get("ignore_eos", False)),
         logprobs=_logprobs(body, chat),
+        chunked_prefill_tokens=_chunk(body),
     )
+
+
+def _chunk(body: dict[str, Any]) -> int | None:
+    value = body.get("chunked_prefill_tokens")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
+        raise BadRequest(
+            "chunked_prefill_tokens: an integer between 1 and 1048576", "chunked_prefill_tokens"
+        )
+    return value
 
 
 def _logprobs(body: dict[str, Any], chat: bool) -> int | None:

@@ -88,6 +88,10 @@ class _Session:
     logprobs: list[dict[str, Any]] | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def chunk_tokens(self) -> int:
+        return self.req.chunked_prefill_tokens or self.runner.chunk_tokens
+
 
 class ReferenceEngine:
     """Serves loaded models over HTTP. Create, then ``app()``; ``close()`` on shutdown."""
@@ -296,9 +300,10 @@ class ReferenceEngine:
         ids = sess.prompt_ids
         logits = None
         try:
-            for start in range(0, len(ids), runner.chunk_tokens):
+            chunk_tokens = sess.chunk_tokens
+            for start in range(0, len(ids), chunk_tokens):
                 self._check_client(request)
-                end = min(start + runner.chunk_tokens, len(ids))
+                end = min(start + chunk_tokens, len(ids))
 
                 def chunk(start: int = start, end: int = end) -> Any:
                     out = runner.prefill_chunk(cache, ids, start, end)
@@ -441,7 +446,7 @@ class ReferenceEngine:
         return {
             "path": sess.path,
             "fallback_reason": sess.fallback_reason,
-            "chunked_prefill_tokens": sess.runner.chunk_tokens,
+            "chunked_prefill_tokens": sess.chunk_tokens,
             "timings": {k: round(v, 6) for k, v in sess.timings.items()},
         }
 

@@ -41,3 +41,25 @@ def test_remote_prefill_matches_local_run_bit_for_bit(engine_pair, spool, model,
     assert pre["choices"][0]["token_ids"] == local["choices"][0]["token_ids"][:1]
     assert compare(local, remote) == (True, 12, 12, None)
     assert compare(local, local_other) == (True, 12, 12, None)
+
+
+def test_local_reference_must_use_the_same_chunk_boundaries(engine_pair, spool):
+    """Why verification pins the local run's chunking: other boundaries change the logits."""
+    prefill, decode = engine_pair
+    body = {
+        "model": "qwen3-next",
+        "prompt": make_prompt(333, seed=2),
+        "max_tokens": 6,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    tid = f"t-{uuid.uuid4().hex}"
+    prefill_leg(prefill.url, body, tid, f"spool:{spool}")
+    _, _, remote = decode_leg(decode.url, body, tid, 60)
+
+    _, _, same = post(f"{decode.url}/v1/completions", {**body, "chunked_prefill_tokens": 64})
+    _, _, other = post(f"{decode.url}/v1/completions", {**body, "chunked_prefill_tokens": 100})
+
+    assert same["pdbridge"]["chunked_prefill_tokens"] == 64
+    assert compare(same, remote) == (True, 6, 6, None)
+    assert compare(other, remote)[0] is False

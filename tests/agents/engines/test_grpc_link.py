@@ -89,6 +89,7 @@ def test_verify_cli_reports_match_as_json(engine_pair, grpc_decode, tmp_path):
     report = json.loads(out.read_text())
     assert report["ok"] is True
     assert report["chunk_aligned"] is True
+    assert report["local_chunked_prefill_tokens"] == 64
     assert report["fingerprints_equal"] is True
     assert [p["prompt_tokens"] for p in report["prompts"]] == [40, 200, 700]
     assert all(
