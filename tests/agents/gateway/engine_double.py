@@ -55,6 +55,7 @@ class EngineDouble:
         self.token_delay_s = 0.0
         self.drop_kv = False
         self.die_after_events: int | None = None
+        self.max_prompt_chars = 30_000
         self.waiting = 0
         self.requests: list[dict[str, Any]] = []
         self.raw_bodies: list[bytes] = []
@@ -124,6 +125,12 @@ class EngineDouble:
         kv = body.get("kv_transfer_params") or {}
         chat = "messages" in body
         prompt = body["messages"] if chat else body["prompt"]
+        if len(json.dumps(prompt)) > self.max_prompt_chars:
+            return web.json_response(
+                {"error": {"message": "prompt too long", "type": "invalid_request_error",
+                           "param": "prompt", "code": "context_length_exceeded"}},
+                status=400,
+            )  # fmt: skip
         if kv.get("do_remote_decode"):
             await asyncio.sleep(self.prefill_delay_s)
             if not self.drop_kv:
