@@ -66,7 +66,7 @@ class EngineDouble:
         self.runner: web.AppRunner | None = None
         self.url = ""
 
-    async def start(self) -> EngineDouble:
+    async def start(self, ssl_context: Any = None) -> EngineDouble:
         app = web.Application()
         app.router.add_post("/v1/completions", self.generate)
         app.router.add_post("/v1/chat/completions", self.generate)
@@ -75,9 +75,10 @@ class EngineDouble:
         app.router.add_post("/tokenize", self.tokenize)
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=ssl_context)
         await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        scheme = "https" if ssl_context else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.runner.addresses[0][1]}"
         return self
 
     async def stop(self) -> None:
