@@ -17,6 +17,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "start the embedded console (SQLite, no Redis) and print its URL",
     ),
+    "agent": (
+        "agents.daemon",
+        "main",
+        "the node agent daemon: supervises engines, heartbeats, injects drill faults",
+    ),
     "gateway": (
         "agents.gateway.cli",
         "main",
@@ -26,6 +31,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "pdbridge.console_cli",
         "main",
         "Django management commands for the console (migrate, createsuperuser, ...)",
+    ),
+    "worker": (
+        "pdbridge.celery_cli",
+        "worker",
+        "an orchestrator Celery worker (celery worker options follow)",
+    ),
+    "beat": (
+        "pdbridge.celery_cli",
+        "beat",
+        "the orchestrator's periodic scheduler (celery beat options follow)",
     ),
     "engine": (
         "agents.engines.cli",

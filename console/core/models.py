@@ -4,6 +4,20 @@ from django.db import models
 from console.core.choices import AuditAction
 
 
+class Timestamped(models.Model):
+    """Abstract base: when a row was created and last changed."""
+
+    created_at = models.DateTimeField(
+        auto_now_add=True,
+    )
+    updated_at = models.DateTimeField(
+        auto_now=True,
+    )
+
+    class Meta:
+        abstract = True
+
+
 class AuditLog(models.Model):
     """One write to the console: who, when, what, and the object before and after."""
 

@@ -116,5 +116,22 @@ class EngineMetrics:
             "pdbridge:kv_bytes", "KV bytes sent or received.", [*labels, "direction"], registry=r
         )
 
+    def add_model(self, name: str) -> None:
+        """Create a model's series at zero, so scrapers see them before the first request."""
+        for metric in (
+            self.running,
+            self.waiting,
+            self.ttft,
+            self.itl,
+            self.e2e,
+            self.queue,
+            self.prefill_time,
+            self.decode_time,
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.cancelled,
+        ):
+            metric.labels(model_name=name)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -25,6 +25,8 @@ import torch
 
 from agents.engines.reference.tokenizer import ByteTokenizer, Tokenizer
 
+__all__ = ["ARCHITECTURES", "ByteTokenizer", "LoadedModel", "ModelError"]
+
 log = logging.getLogger("pdbridge.engines.zoo")
 
 #: Vocabulary of the generated models: 256 bytes, three specials, rounded up.

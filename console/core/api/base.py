@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import viewsets
 
 
@@ -21,3 +23,37 @@ class ConsoleModelViewSet(ConsoleViewSetMixin, viewsets.ModelViewSet):
 
 class ConsoleReadOnlyViewSet(ConsoleViewSetMixin, viewsets.ReadOnlyModelViewSet):
     pass
+
+
+class ServiceModelViewSet(ConsoleModelViewSet):
+    """CRUD whose writes go through the app's service functions, so that validation, the
+    audit log and side effects live in one place. Subclasses set ``create_service``,
+    ``update_service``, ``delete_service`` (wrapped in ``staticmethod``) and
+    ``instance_kwarg`` (the keyword the update/delete services take the object as)."""
+
+    instance_kwarg: str
+    create_service: Any
+    update_service: Any
+    delete_service: Any
+
+    def service_kwargs(self) -> dict[str, Any]:
+        """Extra keyword arguments for update/delete services (``expected_version`` ...)."""
+        return {}
+
+    def perform_create(self, serializer: Any) -> None:
+        serializer.instance = self.create_service(
+            actor=self.request.user, **serializer.validated_data
+        )
+
+    def perform_update(self, serializer: Any) -> None:
+        serializer.instance = self.update_service(
+            actor=self.request.user,
+            **{self.instance_kwarg: serializer.instance},
+            **self.service_kwargs(),
+            **serializer.validated_data,
+        )
+
+    def perform_destroy(self, instance: Any) -> None:
+        self.delete_service(
+            actor=self.request.user, **{self.instance_kwarg: instance}, **self.service_kwargs()
+        )

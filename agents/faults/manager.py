@@ -1,0 +1,190 @@
+"""Fault life cycle: validate, journal, apply, expire, restore.
+
+The journal (``faults.json`` in the state directory) is written atomically (temp file, fsync,
+rename) *before* a fault is applied and after it is restored, so a crash at any point leaves
+at worst a journalled fault that was never applied — restoring it is harmless because every
+restore is idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from agents.faults import Fault, FaultContext, FaultError, injector
+
+log = logging.getLogger("pdbridge.agent.faults")
+
+SWEEP_INTERVAL_S = 0.5
+
+
+def _iso(epoch: float) -> str:
+    return (
+        datetime.fromtimestamp(epoch, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+
+
+class Journal:
+    """The on-disk list of active faults (blocking small-file writes, called on the loop)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> list[Fault]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            log.error(
+                "agent.fault_journal_unreadable", extra={"path": str(self.path), "error": str(exc)}
+            )
+            return []
+        return [Fault.from_json(item) for item in data.get("faults", [])]
+
+    def save(self, faults: list[Fault]) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        with tmp.open("w") as fh:
+            json.dump({"faults": [f.to_json() for f in faults]}, fh, indent=1)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+
+
+class FaultManager:
+    """Owns the active faults of this agent.
+
+    Called by the control API (``inject``, ``clear``) and by the agent's start/stop. A sweeper
+    task restores faults whose expiry passed, without any further call. Failures surface as
+    :class:`FaultError`; a restore that fails is logged and retried by the next sweep.
+    """
+
+    def __init__(self, journal: Journal, ctx: FaultContext, max_duration_s: float) -> None:
+        self.journal = journal
+        self.ctx = ctx
+        self.max_duration_s = max_duration_s
+        self.active: dict[str, Fault] = {}
+        self.restored_total = 0
+        self._lock = asyncio.Lock()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> int:
+        """Restore everything a previous agent journalled, then start the expiry sweeper.
+
+        Returns how many journalled faults were restored.
+        """
+        leftovers = self.journal.load()
+        now = time.time()
+        for fault in leftovers:
+            # Overdue from now on: a restore that fails here is retried by every sweep.
+            fault.expires_epoch = min(fault.expires_epoch, now)
+            self.active[fault.id] = fault
+        for fault in leftovers:
+            await self._restore(fault, reason="agent_restart")
+        self._sweeper = asyncio.create_task(self._sweep(), name="fault-sweeper")
+        return len(leftovers)
+
+    async def close(self) -> None:
+        """Restore every active fault (agent shutdown)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        for fault in list(self.active.values()):
+            await self._restore(fault, reason="shutdown")
+
+    async def inject(
+        self, kind: str, target: str, duration_s: float, params: dict[str, Any]
+    ) -> Fault:
+        if not duration_s or duration_s <= 0:
+            raise FaultError("duration_s", "a fault needs an expiry: duration_s > 0")
+        if duration_s > self.max_duration_s:
+            raise FaultError(
+                "duration_s", f"at most {self.max_duration_s:g} s (faults.max_duration_s)"
+            )
+        handler = injector(kind)
+        now = time.time()
+        fault = Fault(
+            id=uuid.uuid4().hex[:12],
+            kind=kind,
+            target=target,
+            params=params,
+            created_at=_iso(now),
+            expires_at=_iso(now + duration_s),
+            expires_epoch=now + duration_s,
+        )
+        async with self._lock:
+            for other in self.active.values():
+                if other.kind == kind and other.target == target:
+                    raise FaultError(
+                        "target",
+                        f"{kind} on {target!r} is already active as {other.id}",
+                        "ALREADY_EXISTS",
+                    )
+            handler.prepare(fault, self.ctx)
+            self.active[fault.id] = fault
+            self.journal.save(list(self.active.values()))
+            try:
+                await handler.apply(fault, self.ctx)
+            except Exception:
+                await self._restore_locked(fault, reason="apply_failed")
+                raise
+        log.warning(
+            "agent.fault_injected",
+            extra={
+                "fault": fault.id,
+                "kind": kind,
+                "target": target,
+                "expires_at": fault.expires_at,
+            },
+        )
+        return fault
+
+    async def clear(self, fault_id: str) -> list[Fault]:
+        """Restore one fault (or all with an empty id); FaultError NOT_FOUND for an unknown id."""
+        if fault_id and fault_id not in self.active:
+            raise FaultError("id", f"no active fault {fault_id!r}", "NOT_FOUND")
+        targets = [self.active[fault_id]] if fault_id else list(self.active.values())
+        for fault in targets:
+            await self._restore(fault, reason="cleared")
+        return targets
+
+    async def _restore(self, fault: Fault, reason: str) -> None:
+        async with self._lock:
+            await self._restore_locked(fault, reason)
+
+    async def _restore_locked(self, fault: Fault, reason: str) -> None:
+        if fault.id not in self.active:
+            return
+        try:
+            await injector(fault.kind).restore(fault, self.ctx)
+        except Exception as exc:
+            log.error(
+                "agent.fault_restore_failed",
+                extra={"fault": fault.id, "reason": reason, "error": str(exc)},
+            )
+            if reason != "apply_failed":
+                return
+        fault.state = "restored"
+        del self.active[fault.id]
+        self.journal.save(list(self.active.values()))
+        self.restored_total += 1
+        log.warning(
+            "agent.fault_restored", extra={"fault": fault.id, "kind": fault.kind, "reason": reason}
+        )
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            now = time.time()
+            for fault in list(self.active.values()):
+                if fault.expires_epoch <= now:
+                    await self._restore(fault, reason="expired")

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from console.deployments.models import ConfigSnapshot, Deployment, Pool
+from console.inventory.models import Node
+
+DEPLOYMENT_SETTINGS = [
+    "remote_prefill_threshold_tokens",
+    "remote_share_percent",
+    "kill_switch",
+    "fallback_to_local_prefill",
+    "link_utilization_ceiling",
+    "error_rate_limit",
+    "latency_p99_limit_ms",
+    "chunk_size_mb",
+    "compression",
+    "checksum",
+    "retry",
+    "timeout_ms",
+    "chunked_prefill_tokens",
+]
+
+
+class PoolSerializer(serializers.ModelSerializer):
+    nodes = serializers.PrimaryKeyRelatedField(
+        many=True, queryset=Node.objects.all(), required=False
+    )
+
+    class Meta:
+        model = Pool
+        fields = ["id", "deployment", "role", "site", "nodes", "engine_settings", "created_at"]
+        read_only_fields = ["created_at"]
+        # The one-decode-pool and one-pool-per-site rules are checked by the database and
+        # reported as 409 / 400 by the service; DRF's generated validators are not needed.
+        validators: list[Any] = []
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if self.instance is not None:
+            for name in ("deployment", "role"):
+                if name in attrs and attrs[name] != getattr(self.instance, name):
+                    raise serializers.ValidationError(
+                        {name: ["Cannot be changed; delete the pool and create another."]}
+                    )
+                attrs.pop(name, None)
+        return attrs
+
+
+class PoolSummarySerializer(serializers.ModelSerializer):
+    site_name = serializers.CharField(source="site.name", read_only=True)
+
+    class Meta:
+        model = Pool
+        fields = ["id", "role", "site", "site_name", "nodes", "engine_settings"]
+        read_only_fields = fields
+
+
+class DeploymentSerializer(serializers.ModelSerializer):
+    pools = PoolSummarySerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Deployment
+        fields = [
+            "id",
+            "name",
+            "description",
+            "model",
+            "state",
+            "version",
+            *DEPLOYMENT_SETTINGS,
+            "pools",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["state", "version", "kill_switch", "created_at", "updated_at"]
+
+
+class SnapshotSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ConfigSnapshot
+        fields = ["version", "created_at", "author_label", "reason", "diff"]
+        read_only_fields = fields
+
+
+class RestoreSerializer(serializers.Serializer):
+    version = serializers.IntegerField(min_value=1)
+
+
+class KillSwitchSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField()
+
+
+class KillSwitchResponseSerializer(serializers.Serializer):
+    kill_switch = serializers.BooleanField()
+    version = serializers.IntegerField()

@@ -1,0 +1,227 @@
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from console.core.api.base import ServiceModelViewSet
+from console.core.choices import Role
+from console.core.permissions import RolePermission
+from console.deployments import selectors, services
+from console.deployments.api.serializers import (
+    DeploymentSerializer,
+    KillSwitchResponseSerializer,
+    KillSwitchSerializer,
+    PoolSerializer,
+    RestoreSerializer,
+    SnapshotSerializer,
+)
+from console.deployments.choices import DeploymentState
+from console.deployments.config import render_snapshot
+from console.deployments.filtersets import DeploymentFilterSet, PoolFilterSet, SnapshotFilterSet
+from console.deployments.models import Deployment, Pool
+from console.inventory.authentication import NodeTokenAuthentication
+from console.inventory.models import Node
+from console.rollouts.api.serializers import RolloutPlanSerializer
+from console.rollouts.services import rollout_plan_for
+
+
+class ConfigReadPermission(BasePermission):
+    """Config reads: any console role, or a node of one of the deployment's pools."""
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        if isinstance(request.auth, Node):
+            return True
+        return RolePermission().has_permission(request, view)
+
+    def has_object_permission(self, request: Any, view: Any, obj: Any) -> bool:
+        if isinstance(request.auth, Node) and not selectors.node_serves(request.auth, obj):
+            raise PermissionDenied("This node is in none of the deployment's pools.")
+        return True
+
+
+def expected_version(request: Request) -> int | None:
+    """The version a write names: ``If-Match: "<version>"`` or a body ``version``."""
+    header = request.headers.get("If-Match")
+    if header is not None:
+        version = selectors.parse_version_tag(header)
+        if version is None:
+            raise ValidationError({"If-Match": ['Expected a version tag such as "3".']})
+        return version
+    body = request.data.get("version") if hasattr(request.data, "get") else None
+    if body is None:
+        return None
+    version = selectors.parse_version_tag(body)
+    if version is None:
+        raise ValidationError({"version": ["Expected the integer version you last read."]})
+    return version
+
+
+class VersionedWriteMixin:
+    """Pass the named version (If-Match / body) to update and delete services."""
+
+    request: Request
+
+    def service_kwargs(self) -> dict[str, Any]:
+        return {"expected_version": expected_version(self.request)}
+
+
+class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
+    """Deployments. Viewers read; operators write. Writes may name the version they were
+    based on (``If-Match`` or ``version``); a stale one is a 409 with the current version."""
+
+    queryset = Deployment.objects.select_related("model").prefetch_related(
+        "pools__site", "pools__nodes"
+    )
+    serializer_class = DeploymentSerializer
+    filterset_class = DeploymentFilterSet
+    search_fields = ["name", "description"]
+    ordering_fields = ["id", "name", "updated_at"]
+    write_role = Role.OPERATOR
+    instance_kwarg = "deployment"
+    create_service = staticmethod(services.deployment_create)
+    update_service = staticmethod(services.deployment_update)
+    delete_service = staticmethod(services.deployment_delete)
+
+    def get_queryset(self) -> Any:
+        if self.action in {"config", "snapshots", "kill_switch", "restore", "retire"}:
+            return Deployment.objects.all()  # these actions need the row only
+        return super().get_queryset()
+
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        response = super().retrieve(request, *args, **kwargs)
+        response["ETag"] = selectors.etag(response.data["version"])
+        return response
+
+    def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        response = super().update(request, *args, **kwargs)
+        response["ETag"] = selectors.etag(response.data["version"])
+        return response
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("version", OpenApiTypes.INT, description="An earlier version."),
+            OpenApiParameter("If-None-Match", OpenApiTypes.STR, OpenApiParameter.HEADER),
+        ],
+        responses={200: OpenApiTypes.OBJECT, 304: OpenApiResponse(description="Not modified")},
+    )
+    @action(
+        detail=True,
+        methods=["get"],
+        authentication_classes=[
+            NodeTokenAuthentication,
+            TokenAuthentication,
+            SessionAuthentication,
+        ],
+        permission_classes=[ConfigReadPermission],
+    )
+    def config(self, request: Request, pk: str | None = None) -> Response:
+        """The config document data-plane components poll (docs/api.md). ``ETag`` is the
+        version; ``If-None-Match`` with it answers 304 without a body."""
+        deployment = self.get_object()
+        raw = request.query_params.get("version")
+        version = None
+        if raw is not None:
+            if not raw.isdigit():
+                raise ValidationError({"version": ["Expected a positive integer."]})
+            version = int(raw)
+        if_none_match = request.headers.get("If-None-Match", "")
+        if version is None and selectors.etag_matches(if_none_match, deployment.version):
+            # The common poll: answered from the deployment row, no snapshot read.
+            tag = selectors.etag(deployment.version)
+            return Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": tag})
+        snapshot = selectors.snapshot_for(deployment, version)
+        tag = selectors.etag(snapshot.version)
+        if selectors.etag_matches(if_none_match, snapshot.version):
+            return Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": tag})
+        return Response(render_snapshot(snapshot), headers={"ETag": tag})
+
+    @extend_schema(responses=SnapshotSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def snapshots(self, request: Request, pk: str | None = None) -> Response:
+        """Config history, newest first, each with its diff against the one before."""
+        deployment = self.get_object()
+        queryset = SnapshotFilterSet(
+            request.query_params, queryset=deployment.snapshots.order_by("-version")
+        )
+        if not queryset.is_valid():
+            raise ValidationError(queryset.errors)
+        page = self.paginate_queryset(queryset.qs)
+        return self.get_paginated_response(SnapshotSerializer(page, many=True).data)
+
+    @extend_schema(request=RestoreSerializer, responses=DeploymentSerializer)
+    @action(detail=True, methods=["post"])
+    def restore(self, request: Request, pk: str | None = None) -> Response:
+        """Make an earlier version current again (as a new version)."""
+        deployment = self.get_object()
+        data = RestoreSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        header = request.headers.get("If-Match")
+        expected = selectors.parse_version_tag(header) if header is not None else None
+        if header is not None and expected is None:
+            raise ValidationError({"If-Match": ['Expected a version tag such as "3".']})
+        deployment = services.deployment_restore(
+            actor=request.user,
+            deployment=deployment,
+            version=data.validated_data["version"],
+            expected_version=expected,
+        )
+        body = DeploymentSerializer(self.queryset.get(pk=deployment.pk)).data
+        return Response(body, headers={"ETag": selectors.etag(deployment.version)})
+
+    @extend_schema(request=KillSwitchSerializer, responses=KillSwitchResponseSerializer)
+    @action(detail=True, methods=["post"], url_path="kill-switch")
+    def kill_switch(self, request: Request, pk: str | None = None) -> Response:
+        """Send everything local (``enabled: true``) or allow remote prefill again."""
+        deployment = self.get_object()
+        data = KillSwitchSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        deployment = services.deployment_set_kill_switch(
+            actor=request.user, deployment=deployment, enabled=data.validated_data["enabled"]
+        )
+        body = {"kill_switch": deployment.kill_switch, "version": deployment.version}
+        return Response(body, headers={"ETag": selectors.etag(deployment.version)})
+
+    @extend_schema(request=None, responses=DeploymentSerializer)
+    @action(detail=True, methods=["post"])
+    def retire(self, request: Request, pk: str | None = None) -> Response:
+        """Take the deployment out of service for good (then it may be deleted)."""
+        deployment = services.deployment_transition(
+            actor=request.user, deployment=self.get_object(), to_state=DeploymentState.RETIRED
+        )
+        return Response(DeploymentSerializer(self.queryset.get(pk=deployment.pk)).data)
+
+    @extend_schema(responses=RolloutPlanSerializer)
+    @action(detail=True, methods=["get"], url_path="rollout-plan")
+    def rollout_plan(self, request: Request, pk: str | None = None) -> Response:
+        """The rollout plan that applies: the deployment's own, else the default."""
+        return Response(RolloutPlanSerializer(rollout_plan_for(self.get_object())).data)
+
+
+class PoolViewSet(VersionedWriteMixin, ServiceModelViewSet):
+    """Pools of a deployment. Operators write; each change is a new deployment version
+    (``If-Match`` names the deployment's version)."""
+
+    queryset = Pool.objects.select_related("deployment", "site").prefetch_related("nodes")
+    serializer_class = PoolSerializer
+    filterset_class = PoolFilterSet
+    write_role = Role.OPERATOR
+    instance_kwarg = "pool"
+    create_service = staticmethod(services.pool_create)
+    update_service = staticmethod(services.pool_update)
+    delete_service = staticmethod(services.pool_delete)
+
+    def perform_create(self, serializer: Any) -> None:
+        serializer.instance = services.pool_create(
+            actor=self.request.user,
+            expected_version=expected_version(self.request),
+            **serializer.validated_data,
+        )

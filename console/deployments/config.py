@@ -1,0 +1,112 @@
+"""The deployment config document (the console/data-plane contract in docs/api.md): built
+from the database rows, compared, diffed and rendered. Pure reads; called by the services
+when they write a snapshot and by the config endpoint when it renders one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import Q
+
+from console.deployments.choices import PoolRole
+from console.deployments.models import ConfigSnapshot, Deployment
+from console.inventory.models import Link
+
+SECTION_ORDER = ("model", "routing", "circuit_breaker", "kv_transfer", "prefill", "pools", "links")
+
+
+def _pool_doc(pool: Any) -> dict[str, Any]:
+    nodes = sorted(pool.nodes.all(), key=lambda n: n.hostname)
+    return {
+        "site": pool.site.name,
+        "nodes": [{"hostname": n.hostname, "agent_address": n.agent_address} for n in nodes],
+        "engine_settings": pool.engine_settings,
+    }
+
+
+def build_config(deployment: Deployment) -> dict[str, Any]:
+    """The config document for the deployment's current rows (without ``version`` and
+    ``created_at``, which belong to the snapshot)."""
+    pools = list(deployment.pools.select_related("site").prefetch_related("nodes").order_by("id"))
+    decode = next((p for p in pools if p.role == PoolRole.DECODE), None)
+    prefill = sorted((p for p in pools if p.role == PoolRole.PREFILL), key=lambda p: p.site.name)
+    site_ids = {p.site_id for p in pools}
+    links = (
+        Link.objects.select_related("from_site", "to_site")
+        .filter(Q(from_site_id__in=site_ids) & Q(to_site_id__in=site_ids))
+        .order_by("from_site__name", "to_site__name")
+    )
+    model = deployment.model
+    return {
+        "deployment": {"id": deployment.pk, "name": deployment.name, "state": deployment.state},
+        "model": {
+            "name": model.name,
+            "weights_sha256": model.weights_sha256,
+            "architecture_hash": model.architecture_hash,
+            "engine_settings": model.engine_settings,
+        },
+        "routing": {
+            "remote_prefill_threshold_tokens": deployment.remote_prefill_threshold_tokens,
+            "remote_share_percent": deployment.remote_share_percent,
+            "kill_switch": deployment.kill_switch,
+            "fallback_to_local_prefill": deployment.fallback_to_local_prefill,
+            "link_utilization_ceiling": deployment.link_utilization_ceiling,
+        },
+        "circuit_breaker": {
+            "error_rate_limit": deployment.error_rate_limit,
+            "latency_p99_limit_ms": deployment.latency_p99_limit_ms,
+        },
+        "kv_transfer": {
+            "chunk_size_mb": deployment.chunk_size_mb,
+            "compression": deployment.compression,
+            "checksum": deployment.checksum,
+            "retry": deployment.retry,
+            "timeout_ms": deployment.timeout_ms,
+        },
+        "prefill": {"chunked_prefill_tokens": deployment.chunked_prefill_tokens},
+        "pools": {
+            "decode": _pool_doc(decode) if decode else None,
+            "prefill": [_pool_doc(p) for p in prefill],
+        },
+        "links": [
+            {
+                "from_site": link.from_site.name,
+                "to_site": link.to_site.name,
+                "provisioned_mbit_s": link.provisioned_mbit_s,
+                "measured_mbit_s": link.measured_mbit_s,
+                "rtt_ms": link.rtt_ms,
+                "utilization_ceiling": link.utilization_ceiling,
+            }
+            for link in links
+        ],
+    }
+
+
+def config_diff(old: dict[str, Any] | None, new: dict[str, Any], prefix: str = "") -> dict:
+    """Dotted path -> ``{"from": a, "to": b}`` for every leaf that differs (objects are
+    walked, lists compared whole). Against no previous config, everything is new."""
+    diff: dict[str, Any] = {}
+    old = old or {}
+    for key in sorted(set(old) | set(new)):
+        path = f"{prefix}{key}"
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diff.update(config_diff(a, b, prefix=f"{path}."))
+        elif a != b:
+            diff[path] = {"from": a, "to": b}
+    return diff
+
+
+def render_snapshot(snapshot: ConfigSnapshot) -> dict[str, Any]:
+    """The response body of ``GET /api/deployments/{id}/config/``: the stored document with
+    its version and creation time, keys in contract order."""
+    config = snapshot.config
+    body: dict[str, Any] = {
+        "deployment": config["deployment"],
+        "version": snapshot.version,
+        "created_at": snapshot.created_at.isoformat().replace("+00:00", "Z"),
+    }
+    # jsonb does not keep key order; emit the contract's order, then anything newer.
+    body.update({k: config[k] for k in SECTION_ORDER if k in config})
+    body.update({k: v for k, v in config.items() if k not in body})
+    return body

@@ -1,0 +1,215 @@
+"""Deployments: a model served by one local decode pool and one or more remote prefill pools,
+with the routing / circuit-breaker / KV-transfer / prefill settings the data plane reads, and
+the immutable numbered snapshots of that configuration."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from console.catalog.models import validate_json_object
+from console.core.models import Timestamped
+from console.deployments.choices import Compression, DeploymentState, PoolRole
+from console.inventory.models import name_validator, validate_fraction
+
+
+class Deployment(Timestamped):
+    """What should run and how traffic is routed. Every change goes through
+    ``services`` so that ``version`` goes up by one and a ``ConfigSnapshot`` is written."""
+
+    name = models.CharField(
+        max_length=63,
+        unique=True,
+        validators=[name_validator],
+    )
+    description = models.TextField(
+        blank=True,
+    )
+    model = models.ForeignKey(
+        "catalog.ModelSpec",
+        on_delete=models.PROTECT,
+        related_name="deployments",
+    )
+    state = models.CharField(
+        max_length=16,
+        choices=DeploymentState.choices,
+        default=DeploymentState.DRAFT,
+        editable=False,
+    )
+    # routing
+    remote_prefill_threshold_tokens = models.PositiveIntegerField(
+        default=4096,
+        validators=[MaxValueValidator(10_000_000)],
+        help_text="Incremental prompt length at or above which prefill may go remote.",
+    )
+    remote_share_percent = models.PositiveSmallIntegerField(
+        default=0,
+        validators=[MaxValueValidator(100)],
+        help_text="Share of eligible requests sent remote (the canary dial), 0-100.",
+    )
+    kill_switch = models.BooleanField(
+        default=False,
+        help_text="Everything local, now.",
+    )
+    fallback_to_local_prefill = models.BooleanField(
+        default=True,
+    )
+    link_utilization_ceiling = models.FloatField(
+        default=0.7,
+        validators=[validate_fraction],
+        help_text="Do not route remote when the chosen link is above this share, in (0, 1].",
+    )
+    # circuit breaker
+    error_rate_limit = models.FloatField(
+        default=0.05,
+        validators=[validate_fraction],
+        help_text="Open the breaker above this remote error rate, in (0, 1].",
+    )
+    latency_p99_limit_ms = models.PositiveIntegerField(
+        default=2500,
+        validators=[MinValueValidator(1), MaxValueValidator(3_600_000)],
+    )
+    # KV transfer
+    chunk_size_mb = models.PositiveIntegerField(
+        default=32,
+        validators=[MinValueValidator(1), MaxValueValidator(1024)],
+    )
+    compression = models.CharField(
+        max_length=16,
+        choices=Compression.choices,
+        default=Compression.AUTO,
+    )
+    checksum = models.BooleanField(
+        default=True,
+    )
+    retry = models.PositiveSmallIntegerField(
+        default=3,
+        validators=[MaxValueValidator(100)],
+    )
+    timeout_ms = models.PositiveIntegerField(
+        default=4000,
+        validators=[MinValueValidator(1), MaxValueValidator(3_600_000)],
+    )
+    # prefill
+    chunked_prefill_tokens = models.PositiveIntegerField(
+        default=2048,
+        validators=[MinValueValidator(1), MaxValueValidator(10_000_000)],
+    )
+    version = models.PositiveIntegerField(
+        default=1,
+        editable=False,
+        help_text="Config version: +1 per change; writes may name it (If-Match) to avoid lost updates.",
+    )
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(remote_share_percent__lte=100),
+                name="deployment_share_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Pool(models.Model):
+    """A group of engines of one role at one site, serving one deployment."""
+
+    deployment = models.ForeignKey(
+        "deployments.Deployment",
+        on_delete=models.CASCADE,
+        related_name="pools",
+    )
+    role = models.CharField(
+        max_length=16,
+        choices=PoolRole.choices,
+    )
+    site = models.ForeignKey(
+        "inventory.Site",
+        on_delete=models.PROTECT,
+        related_name="pools",
+    )
+    nodes = models.ManyToManyField(
+        "inventory.Node",
+        blank=True,
+        related_name="pools",
+    )
+    engine_settings = models.JSONField(
+        default=dict,
+        blank=True,
+        validators=[validate_json_object],
+        help_text="Engine options for this pool (merged over the model's).",
+    )
+    created_at = models.DateTimeField(
+        auto_now_add=True,
+    )
+
+    class Meta:
+        ordering = ["deployment_id", "role", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["deployment"],
+                condition=models.Q(role="decode"),
+                name="pool_one_decode_per_deployment",
+                violation_error_message="A deployment has exactly one decode pool.",
+            ),
+            models.UniqueConstraint(
+                fields=["deployment", "role", "site"],
+                name="pool_unique_role_site",
+                violation_error_message="This deployment already has a pool of this role at this site.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id and self.deployment.name} {self.role}@{self.site_id and self.site.name}"
+
+
+class ConfigSnapshot(models.Model):
+    """One immutable version of a deployment's data-plane configuration. Written only by
+    the deployment services, never changed afterwards."""
+
+    deployment = models.ForeignKey(
+        "deployments.Deployment",
+        on_delete=models.CASCADE,
+        related_name="snapshots",
+    )
+    version = models.PositiveIntegerField()
+    config = models.JSONField(
+        help_text="The config document (docs/api.md), without version and created_at.",
+    )
+    diff = models.JSONField(
+        default=dict,
+        help_text='Dotted path -> {"from": old, "to": new} against the previous version.',
+    )
+    reason = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="Why this version exists (update, restore of v3, node changed ...).",
+    )
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="config_snapshots",
+    )
+    author_label = models.CharField(
+        max_length=150,
+    )
+    created_at = models.DateTimeField(
+        auto_now_add=True,
+    )
+
+    class Meta:
+        ordering = ["deployment_id", "-version"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["deployment", "version"], name="snapshot_unique_version"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.deployment_id and self.deployment.name} v{self.version}"

@@ -1,0 +1,157 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+from rest_framework import serializers
+
+from console.inventory.models import HEARTBEAT_FIELDS, Link, Node, Site
+
+MAX_REPORT_ITEMS = 256
+
+
+class SiteSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Site
+        fields = [
+            "id",
+            "name",
+            "region",
+            "role",
+            "gpu_hour_price",
+            "notes",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["created_at", "updated_at"]
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    has_token = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "site",
+            "hostname",
+            "agent_address",
+            "accelerator_type",
+            "accelerator_count",
+            "accelerator_memory_gib",
+            "dense_tflops",
+            "memory_bandwidth_gbs",
+            *HEARTBEAT_FIELDS,
+            "has_token",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = [*HEARTBEAT_FIELDS, "created_at", "updated_at"]
+
+    def get_has_token(self, obj: Node) -> bool:
+        return hasattr(obj, "credential")
+
+
+class NodeTokenSerializer(serializers.Serializer):
+    """The answer to a token issue: the token is shown this once."""
+
+    node = serializers.IntegerField()
+    token = serializers.CharField()
+    token_prefix = serializers.CharField()
+
+
+class LinkSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Link
+        fields = [
+            "id",
+            "from_site",
+            "to_site",
+            "provisioned_mbit_s",
+            "measured_mbit_s",
+            "rtt_ms",
+            "utilization_ceiling",
+            "measured_at",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["created_at", "updated_at"]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        from_site = attrs.get("from_site", getattr(self.instance, "from_site", None))
+        to_site = attrs.get("to_site", getattr(self.instance, "to_site", None))
+        if from_site is not None and from_site == to_site:
+            raise serializers.ValidationError({"to_site": ["A link joins two different sites."]})
+        return attrs
+
+
+class AwareDateTimeField(serializers.DateTimeField):
+    """An ISO 8601 datetime that must carry its offset: a clock without one cannot be
+    compared across sites."""
+
+    def to_internal_value(self, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                parsed = parse_datetime(value.strip())
+            except ValueError:  # well-formed but impossible (offset +25:00, month 13)
+                raise serializers.ValidationError("Not a valid date and time.") from None
+            if parsed is not None and parsed.tzinfo is None:
+                raise serializers.ValidationError(
+                    "Must carry a timezone offset (for example ...Z)."
+                )
+        return super().to_internal_value(value)
+
+
+class ChildReportSerializer(serializers.Serializer):
+    """One process the agent supervises."""
+
+    name = serializers.CharField(max_length=100)
+    kind = serializers.CharField(max_length=64)
+    state = serializers.CharField(max_length=32)
+    pid = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+    port = serializers.IntegerField(min_value=0, max_value=65535, required=False, allow_null=True)
+    healthy = serializers.BooleanField(required=False, allow_null=True)
+    restarts = serializers.IntegerField(min_value=0, required=False, default=0)
+    config_version = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+
+
+class FaultReportSerializer(serializers.Serializer):
+    """One fault injection active on the node (drills)."""
+
+    id = serializers.CharField(max_length=100)
+    kind = serializers.CharField(max_length=64)
+    target = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, allow_null=True
+    )
+    expires_at = serializers.DateTimeField(required=False, allow_null=True)
+
+
+class HeartbeatSerializer(serializers.Serializer):
+    """The heartbeat body (docs/api.md, "Node heartbeat")."""
+
+    agent_version = serializers.CharField(max_length=64)
+    clock = AwareDateTimeField()
+    capacity = serializers.DictField(required=False, default=dict)
+    children = ChildReportSerializer(
+        many=True, required=False, default=list, max_length=MAX_REPORT_ITEMS
+    )
+    faults = FaultReportSerializer(
+        many=True, required=False, default=list, max_length=MAX_REPORT_ITEMS
+    )
+    config_versions = serializers.DictField(
+        child=serializers.IntegerField(min_value=0), required=False, default=dict
+    )
+
+    def validate_config_versions(self, value: dict[str, int]) -> dict[str, int]:
+        bad = sorted(k for k in value if not k.isdigit())
+        if bad:
+            raise serializers.ValidationError(f"Keys are deployment ids; got {bad[0]!r}.")
+        return value
+
+
+class HeartbeatResponseSerializer(serializers.Serializer):
+    node = serializers.IntegerField()
+    status = serializers.CharField()
+    clock_skew_ms = serializers.FloatField()
+    interval_s = serializers.IntegerField()
+    deployments = serializers.DictField(child=serializers.IntegerField())

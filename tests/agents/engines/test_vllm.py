@@ -1,0 +1,176 @@
+"""The vLLM adapter: generated command lines and environment per role, and the adapter's
+process lifecycle against a recording stand-in executable (a test double: vLLM needs a GPU)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from agents.engines.base import AdapterError, EngineSpec, adapter_names, get_adapter
+from agents.engines.vllm import VllmAdapter
+from agents.engines.vllm import main as vllm_main
+
+
+def _spec(**kw) -> EngineSpec:
+    base = {
+        "role": "prefill",
+        "model": "/models/qwen3-next",
+        "served_model_name": "qwen3-next",
+        "port": 8100,
+        "chunked_prefill_tokens": 2048,
+        "max_model_len": 32768,
+        "tensor_parallel_size": 4,
+        "engine_id": "pf-a",
+    }
+    return EngineSpec(**{**base, **kw})
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_prefill_command_line():
+    argv = VllmAdapter(_spec()).command()
+
+    assert argv[:3] == ["vllm", "serve", "/models/qwen3-next"]
+    assert _flag(argv, "--port") == "8100"
+    assert _flag(argv, "--tensor-parallel-size") == "4"
+    assert _flag(argv, "--max-model-len") == "32768"
+    assert _flag(argv, "--max-num-batched-tokens") == "2048"
+    assert "--enable-chunked-prefill" in argv
+    assert json.loads(_flag(argv, "--kv-transfer-config")) == {
+        "kv_connector": "NixlConnector",
+        "kv_role": "kv_producer",
+        "engine_id": "pf-a",
+    }
+
+
+def test_decode_command_line_with_out_of_tree_connector_and_recompute():
+    spec = _spec(
+        role="decode",
+        kv_connector="PdbridgeConnector",
+        kv_connector_module_path="pdbridge_vllm.connector",
+        kv_connector_extra_config={"receiver": "0.0.0.0:7070"},
+        kv_load_failure_policy="recompute",
+    )
+
+    config = json.loads(_flag(VllmAdapter(spec).command(), "--kv-transfer-config"))
+
+    assert config == {
+        "kv_connector": "PdbridgeConnector",
+        "kv_role": "kv_consumer",
+        "engine_id": "pf-a",
+        "kv_connector_module_path": "pdbridge_vllm.connector",
+        "kv_connector_extra_config": {"receiver": "0.0.0.0:7070"},
+        "kv_load_failure_policy": "recompute",
+    }
+
+
+def test_role_both_runs_without_connector():
+    argv = VllmAdapter(_spec(role="both")).command()
+
+    assert "--kv-transfer-config" not in argv
+
+
+def test_environment_per_role():
+    env = VllmAdapter(
+        _spec(
+            devices="0,1,2,3",
+            kv_side_channel_host="10.0.0.5",
+            kv_side_channel_port=5600,
+            host="0.0.0.0",
+        )
+    ).environment()
+
+    assert env == {
+        "CUDA_VISIBLE_DEVICES": "0,1,2,3",
+        "PYTORCH_CUDA_ALLOC_CONF": "",
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.5",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600",
+    }
+
+
+def test_nixl_on_a_public_host_needs_a_side_channel_host():
+    with pytest.raises(AdapterError, match="kv_side_channel_host"):
+        VllmAdapter(_spec(host="0.0.0.0")).environment()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("role", "router"),
+        ("tensor_parallel_size", 0),
+        ("chunked_prefill_tokens", 0),
+        ("port", 70000),
+        ("kv_load_failure_policy", "retry"),
+    ],
+)
+def test_invalid_spec_names_the_field(field, value):
+    with pytest.raises(AdapterError, match=field):
+        VllmAdapter(_spec(**{field: value}))
+
+
+def test_registry_is_lazy_and_complete():
+    assert adapter_names() == ["reference", "vllm"]
+    assert get_adapter("vllm") is VllmAdapter
+    assert get_adapter("reference").name == "reference"
+    with pytest.raises(AdapterError, match="unknown adapter 'sglang'"):
+        get_adapter("sglang")
+
+
+def test_vllm_command_cli_prints_argv(capsys):
+    assert (
+        vllm_main(["--role", "decode", "--model", "m", "--kv-connector-extra-config", '{"a": 1}'])
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+
+    assert out["argv"][:3] == ["vllm", "serve", "m"]
+    assert json.loads(_flag(out["argv"], "--kv-transfer-config"))["kv_role"] == "kv_consumer"
+    assert (
+        vllm_main(["--role", "decode", "--model", "m", "--kv-connector-extra-config", "[1]"]) == 2
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_adapter_lifecycle_against_recording_stand_in(tmp_path: Path, monkeypatch):
+    record = tmp_path / "record.json"
+    monkeypatch.setenv("FAKE_VLLM_RECORD", str(record))
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    stand_in = [sys.executable, str(Path(__file__).with_name("fake_vllm.py"))]
+    adapter = VllmAdapter(_spec(role="decode", port=_free_port(), executable=stand_in, devices="1"))
+
+    adapter.start()
+    try:
+        ready = asyncio.run(adapter.wait_ready(timeout_s=30))
+        healthy = asyncio.run(adapter.health())
+        metrics = asyncio.run(adapter.metrics())
+    finally:
+        code = adapter.stop(grace_s=10)
+
+    assert ready
+    assert healthy
+    assert metrics['vllm:num_requests_waiting{engine="0",model_name="qwen3-next"}'] == 5.0
+    recorded = json.loads(record.read_text())
+    assert recorded["argv"] == adapter.command()[2:]
+    assert recorded["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+    assert recorded["env"]["PYTORCH_CUDA_ALLOC_CONF"] is None  # removed: connectors refuse it
+    assert code == 0
+    assert not asyncio.run(adapter.health())
+
+
+def test_missing_executable_is_a_clear_error():
+    adapter = VllmAdapter(_spec(executable=["/nonexistent/vllm"]))
+
+    with pytest.raises(AdapterError, match="executable"):
+        adapter.start()

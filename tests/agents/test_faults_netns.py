@@ -1,0 +1,176 @@
+"""Link faults between two network-namespace "sites" joined by a veth pair (root needed).
+
+Site A (``local``, where the agent's WAN interface lives) and site B (``remote``) run a real
+TCP listener; traffic is a real TCP connect from A to B.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents.proto.api import pb
+from tests.agents.conftest import AgentProc, agent_config, stub, wait_for
+from tests.agents.test_grpc_api import T, settings
+from tests.support import unavailable
+
+pytestmark = [pytest.mark.netns, pytest.mark.slow]
+
+LISTENER = """
+import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("10.231.0.2", 9000)); s.listen(64); s.settimeout(1)
+end = time.time() + 180
+while time.time() < end:
+    try:
+        c, _ = s.accept(); c.close()
+    except OSError:
+        pass
+"""
+
+
+@dataclass
+class Sites:
+    ns_a: str
+    ns_b: str
+    veth_a: str
+    listener: subprocess.Popen[bytes]
+
+    def reachable(self) -> bool:
+        """One real TCP connect from site A to site B's listener (0.5 s timeout)."""
+        code = subprocess.run(
+            ["ip", "netns", "exec", self.ns_a, sys.executable, "-c",
+             "import socket; socket.create_connection(('10.231.0.2', 9000), timeout=0.5).close()"],
+            capture_output=True, timeout=30, check=False,
+        ).returncode  # fmt: skip
+        return code == 0
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def sites() -> Iterator[Sites]:
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        unavailable("network namespaces need root and iproute2")
+    suffix = secrets.token_hex(3)
+    ns_a, ns_b, veth_a, veth_b = f"pdba-{suffix}", f"pdbb-{suffix}", f"pva{suffix}", f"pvb{suffix}"
+    try:
+        _ip("netns", "add", ns_a)
+        _ip("netns", "add", ns_b)
+        _ip("link", "add", veth_a, "type", "veth", "peer", "name", veth_b)
+        _ip("link", "set", veth_a, "netns", ns_a)
+        _ip("link", "set", veth_b, "netns", ns_b)
+        _ip("-n", ns_a, "addr", "add", "10.231.0.1/24", "dev", veth_a)
+        _ip("-n", ns_b, "addr", "add", "10.231.0.2/24", "dev", veth_b)
+        for ns, dev in ((ns_a, veth_a), (ns_b, veth_b)):
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+    except subprocess.CalledProcessError as exc:
+        subprocess.run(["ip", "netns", "del", ns_a], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", ns_b], capture_output=True, check=False)
+        unavailable(f"cannot create network namespaces: {exc.stderr!r}")
+    listener = subprocess.Popen(["ip", "netns", "exec", ns_b, sys.executable, "-c", LISTENER])
+    result = Sites(ns_a, ns_b, veth_a, listener)
+    try:
+        wait_for(result.reachable, 15)
+        yield result
+    finally:
+        listener.kill()
+        listener.wait(10)
+        subprocess.run(["ip", "netns", "del", ns_a], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", ns_b], capture_output=True, check=False)
+
+
+def _config(tmp: Path, sites: Sites, **faults: Any) -> dict[str, Any]:
+    return agent_config(
+        tmp, None, faults={"wan_interface": sites.veth_a, "wan_netns": sites.ns_a, **faults}
+    )
+
+
+def _inject(agent: AgentProc, kind: str, duration_s: float, **params: Any) -> Any:
+    request = pb.InjectFaultRequest(
+        request_id=os.urandom(8).hex(),
+        kind=kind,
+        target="remote",
+        duration_s=duration_s,
+        params=settings(**params),
+    )
+    return stub(agent, None).InjectFault(request, timeout=T).fault
+
+
+def test_link_cut_expires_by_itself(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path, sites: Sites
+) -> None:
+    agent = agent_factory(_config(tmp_path, sites))
+    injected_at = time.monotonic()
+    fault = _inject(agent, "link_cut", 5)
+    assert fault.mechanism == "interface"
+    assert not sites.reachable()
+    assert [f.id for f in stub(agent, None).Status(pb.StatusRequest(), timeout=T).faults] == [
+        fault.id
+    ]
+    wait_for(sites.reachable, 15)  # no further call: the agent restores at expiry
+    assert time.monotonic() - injected_at >= 4.5
+    assert list(stub(agent, None).Status(pb.StatusRequest(), timeout=T).faults) == []
+
+
+def test_restarted_agent_restores_journalled_fault_within_5s(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path, sites: Sites
+) -> None:
+    config = _config(tmp_path, sites)
+    agent = agent_factory(config)
+    _inject(agent, "link_cut", 300)
+    agent.kill9()
+    assert not sites.reachable()  # the fault outlives the agent that injected it...
+    started = time.monotonic()
+    agent_factory(config, subdir="second")
+    wait_for(sites.reachable, 5)  # ...until the next agent starts and restores it
+    assert time.monotonic() - started < 5
+    assert '"faults": []' in (Path(config["state_dir"]) / "faults.json").read_text()
+
+
+def test_route_cut_and_clear(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path, sites: Sites
+) -> None:
+    agent = agent_factory(_config(tmp_path, sites, peers={"remote": {"addresses": ["10.231.0.2"]}}))
+    fault = _inject(agent, "link_cut", 60)
+    assert fault.mechanism == "route"
+    assert not sites.reachable()
+    cleared = stub(agent, None).ClearFault(
+        pb.ClearFaultRequest(request_id="c-1", id=fault.id), timeout=T
+    )
+    assert [f.id for f in cleared.cleared] == [fault.id]
+    assert sites.reachable()
+
+
+def test_link_degrade_shapes_and_shutdown_restores(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path, sites: Sites
+) -> None:
+    agent = agent_factory(_config(tmp_path, sites))
+    fault = _inject(agent, "link_degrade", 60, rate_mbit=5)
+    assert fault.mechanism == "tc"
+
+    def qdisc() -> str:
+        return subprocess.run(
+            ["tc", "-n", sites.ns_a, "qdisc", "show", "dev", sites.veth_a],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    assert "tbf" in qdisc()
+    assert "rate 5Mbit" in qdisc()
+    assert agent.terminate() == 0  # graceful shutdown restores every fault
+    assert "tbf" not in qdisc()

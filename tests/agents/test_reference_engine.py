@@ -1,0 +1,118 @@
+"""The agent supervising the real reference engine (``pdbridge engine serve``) through the
+engines' adapter registry: launch, health, kill -9 of the engine, recovery."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from agents.proto.api import pb
+from tests.agents.conftest import AgentProc, agent_config, command_pids, stub, wait_for
+from tests.agents.test_grpc_api import settings
+from tests.support import subprocess_env
+
+pytestmark = pytest.mark.slow
+
+T = 180  # engine start is seconds of CPU on a shared machine
+
+
+@pytest.fixture(scope="module")
+def models_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("models")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pdbridge.cli",
+            "engine",
+            "build",
+            "dense",
+            "--models-dir",
+            str(path),
+        ],
+        check=True,
+        env=subprocess_env(),
+        timeout=300,
+        capture_output=True,
+    )
+    return path
+
+
+def _launch(agent: AgentProc, models_dir: Path, **extra: Any) -> Any:
+    request = pb.LaunchRequest(
+        request_id=os.urandom(8).hex(),
+        name="prefill-0",
+        kind="prefill-engine",
+        engine="reference",
+        settings=settings(model="dense", extra_args=["--models-dir", str(models_dir)], **extra),
+    )
+    return stub(agent, None).Launch(request, timeout=T)
+
+
+def test_reference_engine_is_restarted_healthy_after_kill_9(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path, models_dir: Path
+) -> None:
+    agent = agent_factory(agent_config(tmp_path, None, supervision={"readiness_timeout_s": 150}))
+    child = _launch(agent, models_dir).child
+    assert child.state == "running"
+    with urllib.request.urlopen(child.health_url, timeout=10) as resp:  # noqa: S310
+        assert resp.status == 200
+    models_url = child.health_url.replace("/health", "/v1/models")
+    with urllib.request.urlopen(models_url, timeout=10) as resp:  # noqa: S310
+        assert "dense" in json.dumps(json.loads(resp.read()))
+
+    (engine_pid,) = command_pids(child.pid)
+    os.kill(engine_pid, signal.SIGKILL)
+    after = wait_for(
+        lambda: (
+            (
+                c := stub(agent, None)
+                .Status(pb.StatusRequest(name="prefill-0"), timeout=30)
+                .children[0]
+            ).state
+            == "running"
+            and c.healthy
+            and c.pid not in {0, child.pid}
+            and c
+        ),
+        10,
+    )
+    assert after.restarts == 1
+
+
+def test_bad_engine_settings_name_the_field(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path
+) -> None:
+    agent = agent_factory(agent_config(tmp_path, None))
+    for values, message in [
+        ({}, "settings.model: required"),
+        (
+            {"model": "dense", "flux_capacitor": 1},
+            "settings.flux_capacitor: not a setting of the reference engine",
+        ),
+        (
+            {"model": "dense", "chunked_prefill_tokens": 0},
+            "settings.chunked_prefill_tokens: must be >= 1",
+        ),
+    ]:
+        request = pb.LaunchRequest(
+            request_id=os.urandom(8).hex(),
+            name="e",
+            kind="decode-engine",
+            engine="reference",
+            settings=settings(**values),
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            stub(agent, None).Launch(request, timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details() == message
