@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pdbridge-installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lint format bench bench-planner bench-engines bench-gateway protos clean-venv
+.PHONY: run test lint format bench bench-planner bench-engines bench-gateway bench-console protos clean-venv
 
 $(PY):
 	$(PYTHON_BOOT) -m venv $(VENV)
@@ -38,7 +38,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 ## Benchmarks: side-by-side ratios, JSON results under var/bench/.
-bench: bench-planner bench-engines bench-gateway
+bench: bench-planner bench-engines bench-gateway bench-console
 
 bench-planner: $(STAMP)
 	$(PY) -m bench.planner
@@ -48,6 +48,9 @@ bench-engines: $(STAMP)
 
 bench-gateway: $(STAMP)
 	$(PY) -m bench.gateway
+
+bench-console: $(STAMP)
+	$(PY) -m bench.console
 
 ## Generated gRPC stubs of the KV link (also generated on first import when missing).
 protos: $(STAMP)
