@@ -46,9 +46,11 @@ bench-planner: $(STAMP)
 bench-gateway: $(STAMP)
 	$(PY) -m bench.gateway
 
-## Generated gRPC stubs of the KV link (also generated on first import when missing).
+## Generated gRPC stubs of the KV link and the agent control API (also generated on first
+## import when missing).
 protos: $(STAMP)
 	$(PY) -m grpc_kv.protocol
+	$(PY) -c "from agents.proto import ensure_generated; ensure_generated()"
 
 clean-venv:
 	rm -rf $(VENV)

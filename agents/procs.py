@@ -28,7 +28,9 @@ KEEPER = Path(__file__).with_name("keeper.py")
 def keeper_argv(argv: list[str]) -> list[str]:
     """``argv`` run under the keeper (:mod:`agents.keeper`), which takes the command's whole
     process group down when the agent dies, even by ``kill -9``."""
-    return [sys.executable, str(KEEPER), str(os.getpid()), "--", *argv]
+    # -I -S: the keeper needs only the standard library; skipping site-packages and the
+    # environment's PYTHON* settings makes it start faster and independent of the venv.
+    return [sys.executable, "-I", "-S", str(KEEPER), str(os.getpid()), "--", *argv]
 
 
 def start_time(pid: int) -> int | None:

@@ -265,7 +265,7 @@ class Child:
                 return True
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.process.wait(), delay)
-            delay = min(delay * 2, 0.5)
+            delay = min(delay * 2, 0.25)
         self.last_exit = f"not ready after {self.config.readiness_timeout_s:g}s"
         log.warning("agent.child_not_ready", extra={"child": self.spec.name})
         return False
