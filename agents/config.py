@@ -193,6 +193,10 @@ class AgentConfig:
     supervision: SupervisionConfig = field(default_factory=SupervisionConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
+    engine_executables: dict[str, list[str]] = _doc(
+        "Command prefix per built-in engine (``vllm: [/opt/vllm/bin/vllm]``); default: the engine's own.",
+        default_factory=dict,
+    )
     engines: dict[str, CustomEngineConfig] = _doc(
         "Custom engine adapters by name, declared only here (never over the wire).",
         default_factory=dict,
