@@ -16,6 +16,7 @@ import shutil
 import ssl
 import subprocess
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,7 @@ class AgentService:
         self._http: aiohttp.ClientSession | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
+        self._background: set[asyncio.Task[None]] = set()
 
     @property
     def http(self) -> aiohttp.ClientSession:
@@ -215,7 +217,13 @@ class AgentService:
                 current = None
             child = await self._new_child(spec)
             child.start()
-            settled = await child.wait_settled(self.config.supervision.readiness_timeout_s + 5)
+            try:
+                settled = await child.wait_settled(self.config.supervision.readiness_timeout_s + 5)
+            except asyncio.CancelledError:
+                # The caller gave up (its deadline passed): a child nobody tracks must not
+                # keep running. Stopped in the background; the cancellation goes on.
+                self._in_background(child.stop(grace=2))
+                raise
             if not settled or child.state != "running":
                 tail, _ = child.log.read(-2000, 2000)
                 reason = (
@@ -231,9 +239,16 @@ class AgentService:
                 )
             self.children[spec.name] = child
             if current is not None:
-                await current.stop()
+                # Shielded: a caller's cancellation must not leave the old child running.
+                await asyncio.shield(self._in_background(current.stop()))
                 return child, "rolled"
             return child, "started"
+
+    def _in_background(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     def child(self, name: str) -> Child:
         child = self.children.get(name)

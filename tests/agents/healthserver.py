@@ -43,7 +43,9 @@ def main() -> None:
     parser.add_argument("--grandchild", default="")
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--start-delay", type=float, default=0.0)
     args = parser.parse_args()
+    time.sleep(args.start_delay)  # a slow engine: not healthy for a while
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.grandchild:

@@ -3,6 +3,7 @@ config errors name the key, heartbeats back off while the console fails."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,6 +11,9 @@ import sys
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+
+import grpc
+import pytest
 
 from agents.proto.api import pb
 from tests.agents.conftest import (
@@ -154,3 +158,23 @@ def _value(text: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"{name} not in metrics")
+
+
+def test_call_without_deadline_gets_the_default_and_leaves_nothing_running(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path
+) -> None:
+    agent = agent_factory(agent_config(tmp_path, None, default_deadline_s=1.5))
+    request = pb.LaunchRequest(
+        request_id="slow-1", name="slow", kind="decode-engine", engine="slow"
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        stub(agent, None).Launch(request)  # no client deadline: the agent's default applies
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert err.value.details() == "Launch did not finish within its deadline"
+    assert list(stub(agent, None).Status(pb.StatusRequest(), timeout=T).children) == []
+    events = [
+        json.loads(line) for line in agent.log_path.read_text().splitlines() if line.startswith("{")
+    ]
+    spawned = [e["pid"] for e in events if e["event"] == "agent.child_spawned"]
+    assert len(spawned) == 1
+    wait_for(lambda: not pid_alive(spawned[0]), 10)
