@@ -178,3 +178,46 @@ def test_call_without_deadline_gets_the_default_and_leaves_nothing_running(
     spawned = [e["pid"] for e in events if e["event"] == "agent.child_spawned"]
     assert len(spawned) == 1
     wait_for(lambda: not pid_alive(spawned[0]), 10)
+
+
+def _ctl(agent: AgentProc, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pdbridge.cli",
+            "agent",
+            "ctl",
+            "--insecure",
+            "--address",
+            agent.address,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=120,
+        check=False,
+    )
+
+
+def test_operator_ctl(agent_factory: Callable[..., AgentProc], tmp_path: Path) -> None:
+    agent = agent_factory(agent_config(tmp_path, None))
+    launched = _ctl(agent, "launch", "decode-engine", "--engine", "plain", "--child-name", "d")
+    assert launched.returncode == 0, launched.stderr
+    assert json.loads(launched.stdout)["child"]["state"] == "running"
+    status = json.loads(_ctl(agent, "status").stdout)
+    assert [c["name"] for c in status["children"]] == ["d"]
+    assert b"healthserver pid=" in _ctl(agent, "logs", "d").stdout.encode()
+    bad = _ctl(agent, "fault", "inject", "engine_kill", "d", "--for", "0")
+    assert bad.returncode == 1
+    assert (
+        bad.stderr.strip()
+        == "INVALID_ARGUMENT: duration_s: a fault needs an expiry: duration_s > 0"
+    )
+    assert (
+        _ctl(agent, "launch", "gateway", "--settings", "[1]")
+        .stderr.strip()
+        .endswith("--settings: a JSON object is required")
+    )
+    assert _ctl(agent, "stop", "d").returncode == 0
