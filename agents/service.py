@@ -87,6 +87,7 @@ class AgentService:
             Journal(self.state_dir / "faults.json"),
             FaultContext(config.faults, self.children, self.proxies),
             config.faults.max_duration_s,
+            on_restored=self.metrics.faults_restored.inc,
         )
         self.groups = procs.GroupRecord(self.state_dir / "children.json")
         self.started = time.monotonic()
@@ -165,7 +166,7 @@ class AgentService:
     def _events(self) -> ChildEvents:
         return ChildEvents(on_restart=lambda name: self.metrics.restarts.labels(child=name).inc())
 
-    async def _new_child(self, spec: ChildSpec) -> Child:
+    async def _new_child(self, spec: ChildSpec, previous: Child | None) -> Child:
         snapshot = ""
         if spec.config_version:
             path = await self.console.fetch_snapshot(
@@ -183,6 +184,7 @@ class AgentService:
             self.groups,
             self.http,
             self._events(),
+            log=previous.log if previous is not None else None,
         )
 
     async def launch(self, spec: ChildSpec) -> tuple[Child, str]:
@@ -215,7 +217,7 @@ class AgentService:
                 await current.stop()
                 del self.children[spec.name]
                 current = None
-            child = await self._new_child(spec)
+            child = await self._new_child(spec, current)
             child.start()
             try:
                 settled = await child.wait_settled(self.config.supervision.readiness_timeout_s + 5)
@@ -239,6 +241,7 @@ class AgentService:
                 )
             self.children[spec.name] = child
             if current is not None:
+                current.owns_log, child.owns_log = False, True
                 # Shielded: a caller's cancellation must not leave the old child running.
                 await asyncio.shield(self._in_background(current.stop()))
                 return child, "rolled"
@@ -335,9 +338,6 @@ class AgentService:
             m.faults_active.labels(kind=kind).set(
                 sum(1 for f in self.faults.active.values() if f.kind == kind)
             )
-        delta = self.faults.restored_total - int(m.faults_restored._value.get())
-        if delta > 0:
-            m.faults_restored.inc(delta)
 
     def _child_metrics_url(self, name: str) -> str | None:
         child = self.children.get(name)

@@ -59,6 +59,7 @@ class Child:
         groups: procs.GroupRecord,
         http: aiohttp.ClientSession,
         events: ChildEvents,
+        log: RotatingLog | None = None,
     ) -> None:
         self.spec = spec
         self.plan = plan
@@ -66,9 +67,11 @@ class Child:
         self.groups = groups
         self.http = http
         self.events = events
-        self.log = RotatingLog(
+        # A rolled child continues its predecessor's log stream (one writer per file).
+        self.log = log or RotatingLog(
             log_dir / f"{spec.name}.log", config.log_max_bytes, config.log_backups
         )
+        self.owns_log = log is None  # a rolled child takes it over once it is kept
         self.state = "starting"
         self.healthy = False
         self.restarts = 0
@@ -119,7 +122,8 @@ class Child:
                 await self._task
         self._set_state("stopped")
         self._settled.set()
-        self.log.close()
+        if self.owns_log:
+            self.log.close()
 
     async def restart(self) -> None:
         """Restart now with the same plan (also revives a failed child)."""
@@ -290,8 +294,8 @@ class Child:
                 log.warning(
                     "agent.child_unhealthy", extra={"child": self.spec.name, "failures": failures}
                 )
-                self.last_exit = f"unhealthy after {failures} checks"
                 await self._terminate(self.config.stop_grace_s)
+                self.last_exit = f"unhealthy after {failures} checks ({self.last_exit})"
                 return
 
     async def _reaped(self) -> None:

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -67,12 +68,18 @@ class FaultManager:
     :class:`FaultError`; a restore that fails is logged and retried by the next sweep.
     """
 
-    def __init__(self, journal: Journal, ctx: FaultContext, max_duration_s: float) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        ctx: FaultContext,
+        max_duration_s: float,
+        on_restored: Callable[[], None] = lambda: None,
+    ) -> None:
         self.journal = journal
         self.ctx = ctx
         self.max_duration_s = max_duration_s
         self.active: dict[str, Fault] = {}
-        self.restored_total = 0
+        self.on_restored = on_restored
         self._lock = asyncio.Lock()
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -176,7 +183,7 @@ class FaultManager:
         fault.state = "restored"
         del self.active[fault.id]
         self.journal.save(list(self.active.values()))
-        self.restored_total += 1
+        self.on_restored()
         log.warning(
             "agent.fault_restored", extra={"fault": fault.id, "kind": fault.kind, "reason": reason}
         )
