@@ -232,6 +232,42 @@ def test_crash_loop_ends_in_failed(api: Any) -> None:
     api.Stop(pb.StopRequest(request_id=os.urandom(8).hex(), name="looper"), timeout=T)
 
 
+def test_lost_health_restarts_the_child(api: Any) -> None:
+    child = launch(api, "sickly", engine="sickly").child  # answers 503 after 1 s
+    after = wait_for(
+        lambda: (c := child_status(api, "sickly")).restarts >= 1 and c.state == "running" and c, 20
+    )
+    assert after.pid != child.pid
+    assert after.last_exit == "unhealthy after 2 checks (signal 15)"
+    api.Stop(pb.StopRequest(request_id=os.urandom(8).hex(), name="sickly"), timeout=T)
+
+
+def test_engine_restart_fault_restarts_at_once_without_counting_a_crash(api: Any) -> None:
+    child = launch(api, "bounced").child
+    fault = api.InjectFault(
+        pb.InjectFaultRequest(
+            request_id=os.urandom(8).hex(), kind="engine_restart", target="bounced", duration_s=30
+        ),
+        timeout=T,
+    ).fault
+    back = wait_for(
+        lambda: (
+            (c := child_status(api, "bounced")).state == "running"
+            and c.pid not in {0, child.pid}
+            and c
+        ),
+        10,
+    )
+    assert back.restarts == 1
+    assert back.healthy
+    cleared = api.ClearFault(
+        pb.ClearFaultRequest(request_id=os.urandom(8).hex(), id=fault.id), timeout=T
+    )
+    assert [f.id for f in cleared.cleared] == [fault.id]
+    assert child_status(api, "bounced").pid == back.pid  # restoring it does not restart again
+    api.Stop(pb.StopRequest(request_id=os.urandom(8).hex(), name="bounced"), timeout=T)
+
+
 def test_engine_kill_fault_holds_child_down_until_expiry(api: Any) -> None:
     child = launch(api, "drilled").child
     fault = api.InjectFault(
