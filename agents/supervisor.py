@@ -145,6 +145,7 @@ class Child:
         otherwise restart it at once (without counting a crash)."""
         self._held = hold
         self._quick_restart = not hold
+        self._wake.set()  # a child waiting out a backoff: act now
         if self.process is not None and self.process.returncode is None:
             procs.kill_group(self.process.pid, signal.SIGKILL)
 
@@ -166,11 +167,19 @@ class Child:
     async def _run(self) -> None:
         first = True
         while not self._stopping:
+            if self._held:  # engine_kill: stay down (also when it struck during a backoff)
+                self._set_state("held")
+                while self._held and not self._stopping:
+                    self._wake.clear()
+                    await self._wake.wait()
+                if self._stopping:
+                    return
             if not first:
                 self.restarts += 1
                 self.events.on_restart(self.spec.name)
             first = False
             self._set_state("starting")
+            self._quick_restart = False  # set by a kill that strikes this process
             await self._spawn()
             ready = await self._wait_ready()
             if ready:
@@ -182,10 +191,6 @@ class Child:
             if self._stopping:
                 return
             if self._held:
-                self._set_state("held")
-                while self._held and not self._stopping:
-                    self._wake.clear()
-                    await self._wake.wait()
                 continue
             if self._quick_restart:
                 self._quick_restart = False
