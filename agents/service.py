@@ -47,9 +47,22 @@ def host_memory_gib() -> float:
     return 0.0
 
 
+def parse_nvidia_smi(text: str) -> list[dict[str, Any]]:
+    """``nvidia-smi --query-gpu=name,memory.total --format=csv,noheader,nounits`` output
+    (``NVIDIA H200, 143771`` per GPU, MiB) as ``[{type, count, memory_gib}]``, grouped."""
+    groups: dict[tuple[str, float], int] = {}
+    for line in text.splitlines():
+        name, _, mem = line.rpartition(",")
+        if name and mem.strip().isdigit():
+            kind = name.strip().removeprefix("NVIDIA ").strip()
+            key = (kind, round(int(mem) / 1024, 1))
+            groups[key] = groups.get(key, 0) + 1
+    return [{"type": t, "count": n, "memory_gib": m} for (t, m), n in groups.items()]
+
+
 def detect_accelerators() -> list[dict[str, Any]]:
-    """GPUs as ``[{type, count, memory_gib}]`` from nvidia-smi; empty where there is none.
-    Blocking (runs once at agent start, bounded by a 10 s timeout)."""
+    """GPUs from nvidia-smi; empty where there is none. Blocking (runs once at agent start,
+    bounded by a 10 s timeout)."""
     tool = shutil.which("nvidia-smi")
     if tool is None:
         return []
@@ -64,13 +77,7 @@ def detect_accelerators() -> list[dict[str, Any]]:
     except (OSError, subprocess.SubprocessError):
         log.warning("agent.accelerator_detection_failed")
         return []
-    groups: dict[tuple[str, float], int] = {}
-    for line in out.splitlines():
-        name, _, mem = line.rpartition(",")
-        if name and mem.strip().isdigit():
-            key = (name.strip(), round(int(mem) / 1024, 1))
-            groups[key] = groups.get(key, 0) + 1
-    return [{"type": t, "count": n, "memory_gib": m} for (t, m), n in groups.items()]
+    return parse_nvidia_smi(out)
 
 
 class AgentService:
