@@ -179,6 +179,8 @@ class FaultManager:
                 extra={"fault": fault.id, "reason": reason, "error": str(exc)},
             )
             if reason != "apply_failed":
+                # Retried by the sweeper in a second (not in a hot loop).
+                fault.expires_epoch = time.time() + 1.0
                 return
         fault.state = "restored"
         del self.active[fault.id]
@@ -190,7 +192,11 @@ class FaultManager:
 
     async def _sweep(self) -> None:
         while True:
-            await asyncio.sleep(SWEEP_INTERVAL_S)
+            # Wake at the next expiry (restores land on time), at least every half second
+            # (a new fault, a failed restore to retry).
+            upcoming = [f.expires_epoch for f in self.active.values()]
+            delay = min([SWEEP_INTERVAL_S, *(e - time.time() for e in upcoming)])
+            await asyncio.sleep(max(delay, 0.005))
             now = time.time()
             for fault in list(self.active.values()):
                 if fault.expires_epoch <= now:
