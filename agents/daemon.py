@@ -56,6 +56,10 @@ async def serve(config_path: str | None) -> int:
     except ConfigError as exc:
         print(f"pdbridge agent: config error: {exc}", file=sys.stderr)
         return 2
+    if config.insecure:
+        log.warning(
+            "agent.insecure", extra={"listen": config.listen, "detail": "plaintext, no allowlist"}
+        )
     service = AgentService(config)
     await service.start()
     try:

@@ -69,6 +69,13 @@ def launch(
     return api.Launch(request, timeout=T)
 
 
+def inject_fault(api: Any, kind: str, target: str, duration_s: float) -> Any:
+    request = pb.InjectFaultRequest(
+        request_id=os.urandom(8).hex(), kind=kind, target=target, duration_s=duration_s
+    )
+    return api.InjectFault(request, timeout=T).fault
+
+
 def child_status(api: Any, name: str) -> Any:
     return api.Status(pb.StatusRequest(name=name), timeout=T).children[0]
 
@@ -244,12 +251,7 @@ def test_lost_health_restarts_the_child(api: Any) -> None:
 
 def test_engine_restart_fault_restarts_at_once_without_counting_a_crash(api: Any) -> None:
     child = launch(api, "bounced").child
-    fault = api.InjectFault(
-        pb.InjectFaultRequest(
-            request_id=os.urandom(8).hex(), kind="engine_restart", target="bounced", duration_s=30
-        ),
-        timeout=T,
-    ).fault
+    fault = inject_fault(api, "engine_restart", "bounced", 30)
     back = wait_for(
         lambda: (
             (c := child_status(api, "bounced")).state == "running"
@@ -270,12 +272,7 @@ def test_engine_restart_fault_restarts_at_once_without_counting_a_crash(api: Any
 
 def test_engine_kill_fault_holds_child_down_until_expiry(api: Any) -> None:
     child = launch(api, "drilled").child
-    fault = api.InjectFault(
-        pb.InjectFaultRequest(
-            request_id=os.urandom(8).hex(), kind="engine_kill", target="drilled", duration_s=2
-        ),
-        timeout=T,
-    ).fault
+    fault = inject_fault(api, "engine_kill", "drilled", 2)
     assert fault.kind == "engine_kill"
     wait_for(lambda: child_status(api, "drilled").state == "held", 5)
     assert not pid_alive(child.pid)
