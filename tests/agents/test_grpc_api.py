@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -123,6 +124,17 @@ def test_launch_status_stop_restart(api: Any) -> None:
     with pytest.raises(grpc.RpcError) as err:
         api.Status(pb.StatusRequest(name="pre-1"), timeout=T)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_stop_escalates_to_sigkill_after_the_grace(api: Any) -> None:
+    child = launch(api, "stubborn", engine="stubborn").child  # ignores SIGTERM
+    (command,) = command_pids(child.pid)
+    started = time.monotonic()
+    stopped = api.Stop(pb.StopRequest(request_id=os.urandom(8).hex(), name="stubborn"), timeout=T)
+    took = time.monotonic() - started
+    assert stopped.child.last_exit == "signal 9"
+    assert 2 <= took < 10  # supervision.stop_grace_s is 2 in these tests
+    assert not pid_alive(command)
 
 
 def test_request_id_makes_launch_idempotent(api: Any) -> None:
