@@ -228,7 +228,14 @@ class Child:
         env["PDBRIDGE_CHILD_NAME"] = self.spec.name
         self.log.write(f"--- agent: starting {' '.join(plan.argv)}\n".encode())
         self.process = await asyncio.create_subprocess_exec(
-            *procs.keeper_argv(plan.argv),
+            *procs.keeper_argv(
+                plan.argv,
+                {
+                    "nofile": self.config.limit_nofile,
+                    "nproc": self.config.limit_nproc,
+                    "as_mb": self.config.limit_as_mb,
+                },
+            ),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,

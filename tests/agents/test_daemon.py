@@ -221,3 +221,23 @@ def test_operator_ctl(agent_factory: Callable[..., AgentProc], tmp_path: Path) -
         .endswith("--settings: a JSON object is required")
     )
     assert _ctl(agent, "stop", "d").returncode == 0
+
+
+def test_process_limits_apply_to_children(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path
+) -> None:
+    agent = agent_factory(agent_config(tmp_path, None, supervision={"limit_nofile": 321}))
+    child = (
+        stub(agent, None)
+        .Launch(
+            pb.LaunchRequest(request_id="lim-1", name="lim", kind="decode-engine", engine="plain"),
+            timeout=T,
+        )
+        .child
+    )
+    (command,) = command_pids(child.pid)
+    limits = Path(f"/proc/{command}/limits").read_text()
+    assert any(
+        line.startswith("Max open files") and line.split()[3:5] == ["321", "321"]
+        for line in limits.splitlines()
+    )
