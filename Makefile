@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pdbridge-installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lint format bench bench-planner bench-gateway bench-agent protos clean-venv
+.PHONY: run test lint format bench bench-planner bench-gateway bench-console bench-agent protos clean-venv
 
 $(PY):
 	$(PYTHON_BOOT) -m venv $(VENV)
@@ -38,13 +38,16 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 ## Benchmarks: side-by-side ratios, JSON results under var/bench/.
-bench: bench-planner bench-gateway bench-agent
+bench: bench-planner bench-gateway bench-console bench-agent
 
 bench-planner: $(STAMP)
 	$(PY) -m bench.planner
 
 bench-gateway: $(STAMP)
 	$(PY) -m bench.gateway
+
+bench-console: $(STAMP)
+	$(PY) -m bench.console
 
 bench-agent: $(STAMP)
 	$(PY) -m bench.agent

@@ -4,8 +4,11 @@ from django.urls import include, path
 
 urlpatterns = [
     path("", include("console.core.api.urls")),
+    path("", include("console.runs.api.urls")),
+    path("", include("console.telemetry.api.urls")),
     path("", include("console.inventory.api.urls")),
     path("", include("console.catalog.api.urls")),
     path("", include("console.deployments.api.urls")),
     path("", include("console.rollouts.api.urls")),
+    path("", include("console.planner.api.urls")),
 ]

@@ -132,6 +132,12 @@ if CELERY_BROKER_URL == "filesystem://":
     }
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or (REDIS_URL or None)
 CELERY_TASK_ALWAYS_EAGER = False
+# The console sends tasks by name (console/core/celery_client.py) to the same default queue
+# the workers consume (orchestrator/queues.py).
+CELERY_TASK_DEFAULT_QUEUE = "pdbridge"
+# A step whose worker has not refreshed its heartbeat for this long is taken to have lost its
+# worker and is resumed by the next advance (the beat job resume_stalled sends one).
+PDBRIDGE_STEP_STALE_S = _env_int("PDBRIDGE_STEP_STALE_S", 60, minimum=1)
 
 # Heartbeats: agents beat every HEARTBEAT_INTERVAL_S; a node that misses
 # HEARTBEAT_MISSED_LIMIT beats in a row becomes "lost" (degraded after one missed beat).
@@ -152,10 +158,13 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_celery_beat",
     "console.core",
+    "console.runs",
+    "console.telemetry",
     "console.inventory",
     "console.catalog",
     "console.deployments",
     "console.rollouts",
+    "console.planner",
 ]
 
 MIDDLEWARE = [

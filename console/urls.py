@@ -12,6 +12,7 @@ urlpatterns = [
     path("healthz", core_views.healthz, name="healthz"),
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("planner/", include("console.planner.urls")),
     path("admin/", admin.site.urls),
     path("api/", include("console.api_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

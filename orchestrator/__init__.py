@@ -1,0 +1,1 @@
+"""Celery workflows that decide and drive: deploy, canary, drills, tidal schedules."""

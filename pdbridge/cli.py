@@ -32,6 +32,16 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "Django management commands for the console (migrate, createsuperuser, ...)",
     ),
+    "worker": (
+        "pdbridge.celery_cli",
+        "worker",
+        "an orchestrator Celery worker (celery worker options follow)",
+    ),
+    "beat": (
+        "pdbridge.celery_cli",
+        "beat",
+        "the orchestrator's periodic scheduler (celery beat options follow)",
+    ),
     "engine": (
         "agents.engines.cli",
         "main",

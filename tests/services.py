@@ -39,7 +39,9 @@ def database_url() -> str:
         return f"postgres://postgres@{host}:{port}/{name}"
     if IN_CI:
         raise RuntimeError(f"CI=true but PostgreSQL is not reachable at {host}:{port}")
-    return "sqlite://:memory:"
+    return "sqlite:///" + os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "var", "test.sqlite3"
+    )
 
 
 def redis_url() -> str | None:

@@ -82,7 +82,27 @@ def _serve_parser() -> argparse.ArgumentParser:
         "--kv-spool", type=Path, default=None, help="receive remote KV from this spool directory"
     )
     p.add_argument(
-        "--kv-listen", default=None, help="embed a grpc_kv receiver on HOST:PORT (decode role)"
+        "--kv-listen",
+        default=None,
+        help="embed a grpc_kv receiver on HOST:PORT (decode role; port 0 = ephemeral)",
+    )
+    p.add_argument("--kv-tls-ca", help="CA of the KV link (mTLS)")
+    p.add_argument("--kv-tls-cert", help="this node's KV link certificate")
+    p.add_argument("--kv-tls-key", help="this node's KV link key")
+    p.add_argument(
+        "--kv-allowed-peer",
+        action="append",
+        default=None,
+        help="certificate name accepted on the KV link (repeatable)",
+    )
+    p.add_argument(
+        "--kv-insecure", action="store_true", help="plaintext KV link (localhost development only)"
+    )
+    p.add_argument(
+        "--kv-compression",
+        default="auto",
+        choices=("auto", "none", "zstd", "zstd-byteplane"),
+        help="grpc_kv codec for sends",
     )
     p.add_argument(
         "--no-verify-kv-digests",
@@ -145,23 +165,51 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
     from aiohttp import web
 
     from agents.engines.reference.server import EngineSettings, ReferenceEngine
-    from agents.engines.reference.transport import KvReceiver, SpoolReceiver
+    from agents.engines.reference.transport import (
+        KvReceiver,
+        SenderFactory,
+        SpoolReceiver,
+        open_spool_sender,
+    )
 
     receiver: KvReceiver | None = None
     if args.kv_spool is not None:
         receiver = SpoolReceiver(args.kv_spool, verify_digests=not args.no_verify_kv_digests)
-    elif args.kv_listen is not None:
-        print(
-            "--kv-listen: the grpc_kv receiver is not wired in yet; use --kv-spool", file=sys.stderr
-        )
-        return 2
+    open_sender: SenderFactory = open_spool_sender
+    kv_tls_given = args.kv_insecure or args.kv_tls_cert
+    if kv_tls_given or args.kv_listen:
+        from agents.engines.reference.grpc_link import GrpcReceiver, sender_factory, tls_from_args
+        from grpc_kv import api as kv
+
+        try:
+            tls = tls_from_args(
+                args.kv_tls_ca,
+                args.kv_tls_cert,
+                args.kv_tls_key,
+                args.kv_insecure,
+                args.kv_allowed_peer,
+            )
+            options = kv.LinkOptions(compression=kv.Codec(args.kv_compression))
+        except ValueError as exc:
+            print(f"pdbridge engine serve: {exc}", file=sys.stderr)
+            return 2
+        open_sender = sender_factory(asyncio.get_running_loop(), options, tls)
+        if args.kv_listen:
+            if receiver is not None:
+                print("--kv-listen and --kv-spool: choose one receiver", file=sys.stderr)
+                return 2
+            try:
+                receiver = await GrpcReceiver.start(args.kv_listen, tls)
+            except (RuntimeError, ValueError, OSError) as exc:
+                print(f"--kv-listen: {exc}", file=sys.stderr)
+                return 2
     settings = EngineSettings(
         role=args.role,
         chunked_prefill_tokens=args.chunked_prefill_tokens,
         max_num_seqs=args.max_num_seqs,
         threads=args.threads,
     )
-    engine = ReferenceEngine(models, settings, receiver)
+    engine = ReferenceEngine(models, settings, receiver, open_sender)
     runner = web.AppRunner(engine.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port, ssl_context=ctx)

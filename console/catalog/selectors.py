@@ -32,29 +32,40 @@ def parse_tokens(raw: str | None) -> list[int]:
     return values
 
 
-def model_kv_sizes(model: ModelSpec, tokens: list[int]) -> dict[str, Any]:
+def _ratio(numerator: int, denominator: int) -> float | None:
+    return round(numerator / denominator, 3) if denominator else None
+
+
+def model_kv_sizes(
+    model: ModelSpec, tokens: list[int], baseline: ModelSpec | None = None
+) -> dict[str, Any]:
     """Per length: KV bytes split by how they scale, the dense-equivalent bytes and the
-    reduction factor (dense / model)."""
+    reduction factor (dense / model); with ``baseline`` (for example the dense GQA model),
+    also its bytes and the reduction against it (baseline / model)."""
     dense = dense_equivalent(model.architecture)
     results = []
     for length in tokens:
         size = kv_size(model.architecture, length)
         dense_bytes = kv_size(dense, length).total_bytes
-        results.append(
-            {
-                "tokens": length,
-                "kv_bytes": size.total_bytes,
-                "fixed_bytes": size.fixed_bytes,
-                "per_token_bytes": size.per_token_bytes,
-                "windowed_bytes": size.windowed_bytes,
-                "dense_equivalent_bytes": dense_bytes,
-                "reduction": round(dense_bytes / size.total_bytes, 3) if size.total_bytes else None,
-            }
-        )
+        row: dict[str, Any] = {
+            "tokens": length,
+            "kv_bytes": size.total_bytes,
+            "fixed_bytes": size.fixed_bytes,
+            "per_token_bytes": size.per_token_bytes,
+            "windowed_bytes": size.windowed_bytes,
+            "dense_equivalent_bytes": dense_bytes,
+            "reduction": _ratio(dense_bytes, size.total_bytes),
+        }
+        if baseline is not None:
+            baseline_bytes = kv_size(baseline.architecture, length).total_bytes
+            row["baseline_bytes"] = baseline_bytes
+            row["reduction_vs_baseline"] = _ratio(baseline_bytes, size.total_bytes)
+        results.append(row)
     return {
         "model": model.pk,
         "name": model.name,
         "architecture_hash": model.architecture_hash,
         "dense_equivalent": dense,
+        "baseline": baseline.name if baseline is not None else None,
         "results": results,
     }

@@ -19,6 +19,7 @@ def snapshot_for(deployment: Deployment, version: int | None) -> ConfigSnapshot:
 
 
 def etag(version: int) -> str:
+    """The strong ETag of a config version."""
     return f'"{version}"'
 
 

@@ -10,6 +10,7 @@ names changes (``deployments_refresh``) and later by the orchestrator
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,6 +28,8 @@ from console.deployments.config import build_config, config_diff
 from console.deployments.models import ConfigSnapshot, Deployment, Pool
 from console.inventory.choices import SiteRole
 from console.inventory.models import Node, Site
+
+logger = logging.getLogger(__name__)
 
 # Config sections whose keys are Deployment fields of the same name (restore copies them back).
 SETTING_SECTIONS = ("routing", "circuit_breaker", "kv_transfer", "prefill")
@@ -68,6 +71,10 @@ def snapshot_write(*, actor: Actor, deployment: Deployment, reason: str) -> Conf
     deployment.version = version
     deployment.save(update_fields=["version", "updated_at"])
     user = _actor_user(actor)
+    logger.info(
+        "deployment_config_version",
+        extra={"deployment": deployment.pk, "version": version, "reason": reason},
+    )
     return ConfigSnapshot.objects.create(
         deployment=deployment,
         version=version,
@@ -167,8 +174,9 @@ def deployment_restore(
     expected_version: int | None = None,
 ) -> Deployment:
     """Make version ``version``'s configuration current again, as a new version: settings,
-    model and pools are set back (state is lifecycle, not configuration, and stays). 409 when
-    a model, site or node that version names no longer exists."""
+    model and pools are set back (state is lifecycle, not configuration, and stays; a kill
+    switch that is on stays on). 409 when a model, site or node that version names no longer
+    exists."""
     locked = _lock(deployment, expected_version)
     target = locked.snapshots.filter(version=version).first()
     if target is None:
@@ -181,6 +189,8 @@ def deployment_restore(
     if model is None:
         raise Conflict(f"Cannot restore: model {config['model']['name']} no longer exists.")
     fields["model"] = model
+    # Safety: a restore never turns the kill switch off; that is always an explicit act.
+    fields["kill_switch"] = fields["kill_switch"] or locked.kill_switch
     before_version = locked.version
     locked, _ = audited_update(actor=actor, instance=locked, fields=fields)
     _restore_pools(locked, config["pools"])

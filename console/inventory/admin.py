@@ -2,7 +2,7 @@ from django.contrib import admin
 
 from console.core.admin_services import ReadOnlyAdmin, ServiceModelAdmin
 from console.inventory import services
-from console.inventory.models import Link, Node, NodeCredential, Site
+from console.inventory.models import HEARTBEAT_FIELDS, Link, Node, NodeCredential, Site
 
 
 @admin.register(Site)
@@ -28,16 +28,7 @@ class NodeAdmin(ServiceModelAdmin):
     ]
     list_filter = ["status", "site", "accelerator_type"]
     search_fields = ["hostname", "agent_address"]
-    readonly_fields = [
-        "status",
-        "last_heartbeat_at",
-        "agent_version",
-        "clock_skew_ms",
-        "reported_capacity",
-        "reported_children",
-        "reported_faults",
-        "reported_config_versions",
-    ]
+    readonly_fields = HEARTBEAT_FIELDS
     instance_kwarg = "node"
     create_service = staticmethod(services.node_create)
     update_service = staticmethod(services.node_update)

@@ -28,6 +28,19 @@ def validate_fraction(value: float) -> None:
         raise ValidationError("Must be greater than 0 and at most 1.")
 
 
+# Node fields written only by heartbeats and the liveness check (read-only everywhere else).
+HEARTBEAT_FIELDS = [
+    "status",
+    "last_heartbeat_at",
+    "agent_version",
+    "clock_skew_ms",
+    "reported_capacity",
+    "reported_children",
+    "reported_faults",
+    "reported_config_versions",
+]
+
+
 class Site(Timestamped):
     """A datacenter: decode near users, prefill in a compute-dense region, or both."""
 

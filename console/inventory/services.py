@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -48,10 +49,23 @@ def site_create(*, actor: Actor, **fields: Any) -> Site:
     return audited_create(actor=actor, model=Site, fields=fields)
 
 
+# Pool roles a site role may host (mirrors console.deployments.services; kept as strings so
+# inventory does not import deployments at module load).
+_POOL_ROLES_FOR_SITE = {"decode": {"decode"}, "prefill": {"prefill"}, "both": {"decode", "prefill"}}
+
+
 @transaction.atomic
 def site_update(*, actor: Actor, site: Site, **fields: Any) -> Site:
     """Change a site; deployments with a pool there get a new config version if their config
-    (which names the site) changes."""
+    (which names the site) changes. A role that no longer fits its pools is a 400 on
+    ``role``."""
+    if "role" in fields and fields["role"] != site.role:
+        allowed = _POOL_ROLES_FOR_SITE.get(fields["role"], set())
+        misfits = sorted(set(site.pools.values_list("role", flat=True)) - allowed)
+        if misfits:
+            raise ValidationError(
+                {"role": [f"Site {site.name} hosts {misfits[0]} pools; remove them first."]}
+            )
     site, changed = audited_update(actor=actor, instance=site, fields=fields)
     if changed:
         _refresh_deployments(actor=actor, reason=f"site {site.name} changed", sites=[site.pk])
@@ -72,7 +86,10 @@ def node_create(*, actor: Actor, **fields: Any) -> Node:
 
 @transaction.atomic
 def node_update(*, actor: Actor, node: Node, **fields: Any) -> Node:
-    """Change a node's registration (address, accelerators); liveness is not editable."""
+    """Change a node's registration (address, accelerators); liveness is not editable. A node
+    in pools cannot move to another site (400 on ``site``)."""
+    if "site" in fields and fields["site"] != node.site and node.pools.exists():
+        raise ValidationError({"site": ["The node is in pools at its site; remove it first."]})
     node, changed = audited_update(actor=actor, instance=node, fields=fields)
     if changed:
         _refresh_deployments(actor=actor, reason=f"node {node.hostname} changed", nodes=[node.pk])
@@ -165,6 +182,9 @@ class HeartbeatResult:
     status: str
     clock_skew_ms: float
     interval_s: int
+    # Deployment id -> current config version, for every deployment with a pool holding this
+    # node: which configs the agent should run (an addition to the agreed contract).
+    deployments: dict[str, int]
 
 
 @transaction.atomic
@@ -215,6 +235,10 @@ def node_heartbeat(
         status=node.status,
         clock_skew_ms=skew_ms,
         interval_s=settings.HEARTBEAT_INTERVAL_S,
+        deployments={
+            str(pk): version
+            for pk, version in node.pools.values_list("deployment_id", "deployment__version")
+        },
     )
 
 

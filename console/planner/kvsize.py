@@ -186,3 +186,9 @@ def architecture_hash(arch: dict[str, Any]) -> str:
     """A stable sha256 of the normalised architecture (part of the model fingerprint)."""
     canonical = json.dumps(validate_architecture(arch), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def is_dense(arch: dict[str, Any]) -> bool:
+    """True when every layer is full attention (KV grows with every layer: the guide's
+    "dense model", for which cross-datacenter prefill does not pay off)."""
+    return all(g["kind"] == "full" for g in validate_architecture(arch)["layers"])

@@ -3,6 +3,7 @@ have their version-1 snapshot) by ``make_deployment``."""
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import factory
@@ -59,10 +60,13 @@ class ModelSpecFactory(factory.django.DjangoModelFactory):
     weights_sha256 = "ab" * 32
 
 
+_deployment_numbers = itertools.count(1)
+
+
 def make_deployment(**fields: Any) -> Any:
     from console.deployments.services import deployment_create
 
-    fields.setdefault("name", f"dep-{ModelSpec.objects.count()}-{Site.objects.count()}")
+    fields.setdefault("name", f"dep-{next(_deployment_numbers)}")
     if "model" not in fields:
         fields["model"] = ModelSpecFactory()
     return deployment_create(actor=None, **fields)

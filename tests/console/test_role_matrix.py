@@ -31,6 +31,7 @@ READS: list[Case] = [
         "/api/models/",
         "/api/models/{w.model.pk}/",
         "/api/models/{w.model.pk}/kv-size/?tokens=1024",
+        "/api/models/kv-size/?tokens=1024",
         "/api/deployments/",
         "/api/deployments/{w.deployment.pk}/",
         "/api/deployments/{w.deployment.pk}/config/",

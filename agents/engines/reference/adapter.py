@@ -14,7 +14,7 @@ from agents.engines.base import EngineAdapter
 
 class ReferenceAdapter(EngineAdapter):
     """Launches the CPU reference engine. ``kv_connector_extra_config`` may carry ``kv_spool``
-    (decode side: where KV arrives), ``dtype``, ``threads`` and ``expect_sha256``."""
+    (decode side: where KV arrives), ``dtype``, ``threads``, ``models_dir`` and ``expect_sha256``."""
 
     name: ClassVar[str] = "reference"
 
@@ -31,6 +31,8 @@ class ReferenceAdapter(EngineAdapter):
         argv += ["--threads", str(int(extra.get("threads", 1)))]
         if extra.get("kv_spool") and s.role != "prefill":
             argv += ["--kv-spool", str(extra["kv_spool"])]
+        if extra.get("models_dir"):
+            argv += ["--models-dir", str(extra["models_dir"])]
         if extra.get("expect_sha256"):
             argv += ["--expect-sha256", str(extra["expect_sha256"])]
         return argv + list(s.extra_args)

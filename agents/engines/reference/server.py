@@ -43,11 +43,12 @@ from agents.engines.reference.runner import Runner, Sampling
 from agents.engines.reference.transport import (
     KvReceiver,
     KvSender,
+    SenderFactory,
     TransferError,
     TransferHeader,
     TransferRejected,
     TransferSummary,
-    open_sender,
+    open_spool_sender,
 )
 from agents.engines.reference.zoo import LoadedModel
 
@@ -93,9 +94,10 @@ class _PrefillStreamer:
     """Streams a prefill's cache to a ``KvSender`` while it computes: the full-attention KV of
     each chunk right after that chunk, the rest when final. Runs on the compute thread."""
 
-    def __init__(self, sess: _Session, destination: str) -> None:
+    def __init__(self, sess: _Session, destination: str, open_sender: SenderFactory) -> None:
         self.sess = sess
         self.destination = destination
+        self.open_sender = open_sender
         self.sender: KvSender | None = None
         self.manifest: kvstate.Manifest | None = None
         self.offsets: dict[str, int] = {}
@@ -112,7 +114,7 @@ class _PrefillStreamer:
             header = TransferHeader(
                 kv.transfer_id, self.sess.req.request_id, self.sess.lm.fingerprint, self.manifest
             )
-            self.sender = open_sender(self.destination, header)
+            self.sender = self.open_sender(self.destination, header)
         final = end == total
         for name, data in kvstate.full_kv_slice(cache, start, end).items():
             offset = self.offsets.get(name, 0)
@@ -121,11 +123,16 @@ class _PrefillStreamer:
         if final and self.manifest is not None:
             for name, data in kvstate.final_segments(cache, self.manifest, logits).items():
                 self.sender.send(name, data, 0, True)
-            self.summary = self.sender.finish()
 
-    def abort(self, reason: str) -> None:
+    async def finish(self) -> TransferSummary:
+        if self.sender is None:
+            raise TransferRejected("prefill ended before its transfer opened")
+        self.summary = await self.sender.finish()
+        return self.summary
+
+    async def abort(self, reason: str) -> None:
         if self.sender is not None and self.summary is None:
-            self.sender.abort(reason)
+            await self.sender.abort(reason)
 
 
 class ReferenceEngine:
@@ -136,6 +143,7 @@ class ReferenceEngine:
         models: dict[str, LoadedModel],
         settings: EngineSettings,
         receiver: KvReceiver | None = None,
+        open_sender: SenderFactory = open_spool_sender,
     ) -> None:
         if settings.role not in ROLES:
             raise ValueError(f"role: {settings.role!r} is not one of {', '.join(ROLES)}")
@@ -145,6 +153,7 @@ class ReferenceEngine:
             name: Runner(lm, settings.chunked_prefill_tokens) for name, lm in models.items()
         }
         self.receiver = receiver
+        self.open_sender = open_sender
         self.metrics = EngineMetrics()
         for name in models:
             self.metrics.add_model(name)
@@ -335,7 +344,7 @@ class ReferenceEngine:
                 logits = await self._compute(chunk)
         except BaseException:
             if streamer is not None:
-                streamer.abort("prefill failed")
+                await asyncio.shield(streamer.abort("prefill failed"))
             raise
         sess.cache, sess.logits = cache, logits
 
@@ -345,15 +354,14 @@ class ReferenceEngine:
         labels = {"model_name": sess.req.model}
         t0 = time.monotonic()
         if kv is not None and kv.do_remote_decode:
-            streamer = _PrefillStreamer(sess, kv.kv_destination)
+            streamer = _PrefillStreamer(sess, kv.kv_destination, self.open_sender)
             try:
                 await self._local_prefill(request, sess, streamer)
+                summary = await streamer.finish()
             except TransferError:
+                await asyncio.shield(streamer.abort("transfer failed"))
                 self.metrics.kv_transfers.labels(direction="send", outcome="failed", **labels).inc()
                 raise
-            summary = streamer.summary
-            if summary is None:
-                raise TransferRejected("prefill ended without finishing its transfer")
             self.metrics.kv_transfers.labels(direction="send", outcome="ok", **labels).inc()
             self.metrics.kv_bytes.labels(direction="send", **labels).inc(summary.bytes)
             sess.path = "prefill"

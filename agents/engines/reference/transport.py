@@ -21,6 +21,7 @@ import os
 import shutil
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,20 +96,24 @@ class ReceivedTransfer:
 
 
 class KvSender(ABC):
-    """Producer side of one transfer. Blocking methods, called from the engine's compute thread
-    in order: ``send`` any number of times, then ``finish`` (or ``abort`` on failure)."""
+    """Producer side of one transfer. ``send`` is blocking and called from the engine's compute
+    thread (it returns once the bytes are queued, so the network overlaps the next chunk's
+    compute); ``finish`` and ``abort`` are coroutines awaited on the event loop."""
 
     @abstractmethod
     def send(self, name: str, data: bytes, offset: int, final: bool) -> None:
         """Append ``data`` at byte ``offset`` of segment ``name``; ``final`` closes the segment."""
 
     @abstractmethod
-    def finish(self) -> TransferSummary:
-        """Close the transfer (trailer) and report what was sent."""
+    async def finish(self) -> TransferSummary:
+        """Close the transfer (trailer), wait for the receiver's acknowledgement, report."""
 
     @abstractmethod
-    def abort(self, reason: str) -> None:
+    async def abort(self, reason: str) -> None:
         """Give up; the receiver sees no complete transfer."""
+
+
+SenderFactory = Callable[[str, TransferHeader], KvSender]
 
 
 class KvReceiver(ABC):
@@ -161,7 +166,7 @@ class SpoolSender(KvSender):
         digest.update(data)
         self._bytes += len(data)
 
-    def finish(self) -> TransferSummary:
+    async def finish(self) -> TransferSummary:
         trailer = {name: d.hexdigest() for name, d in self._digests.items()}
         (self._dir / "trailer.json").write_text(json.dumps(trailer))
         shutil.rmtree(self._final, ignore_errors=True)
@@ -170,7 +175,7 @@ class SpoolSender(KvSender):
             self._transfer_id, len(trailer), self._bytes, time.monotonic() - self._t0
         )
 
-    def abort(self, reason: str) -> None:
+    async def abort(self, reason: str) -> None:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
@@ -226,8 +231,8 @@ class SpoolReceiver(KvReceiver):
         return ReceivedTransfer(header, segments, waited)
 
 
-def open_sender(destination: str, header: TransferHeader) -> KvSender:
-    """Open a sender for a ``kv_destination``: ``spool:/dir`` or, with grpc_kv, ``host:port``."""
+def open_spool_sender(destination: str, header: TransferHeader) -> KvSender:
+    """Open a sender for ``kv_destination`` ``spool:/dir`` (blocking; compute thread)."""
     if destination.startswith("spool:"):
         return SpoolSender(Path(destination.removeprefix("spool:")), header)
     raise TransferRejected(f"kv_destination: {destination!r} unsupported (expected spool:/path)")

@@ -31,6 +31,8 @@ class KvSizeRowSerializer(serializers.Serializer):
     windowed_bytes = serializers.IntegerField()
     dense_equivalent_bytes = serializers.IntegerField()
     reduction = serializers.FloatField(allow_null=True)
+    baseline_bytes = serializers.IntegerField(required=False)
+    reduction_vs_baseline = serializers.FloatField(required=False)
 
 
 class KvSizeSerializer(serializers.Serializer):
@@ -38,4 +40,5 @@ class KvSizeSerializer(serializers.Serializer):
     name = serializers.CharField()
     architecture_hash = serializers.CharField()
     dense_equivalent = serializers.DictField()
+    baseline = serializers.CharField(allow_null=True)
     results = KvSizeRowSerializer(many=True)

@@ -91,6 +91,11 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
     update_service = staticmethod(services.deployment_update)
     delete_service = staticmethod(services.deployment_delete)
 
+    def get_queryset(self) -> Any:
+        if self.action in {"config", "snapshots", "kill_switch", "restore", "retire"}:
+            return Deployment.objects.all()  # these actions need the row only
+        return super().get_queryset()
+
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         response = super().retrieve(request, *args, **kwargs)
         response["ETag"] = selectors.etag(response.data["version"])
@@ -117,6 +122,7 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
             SessionAuthentication,
         ],
         permission_classes=[ConfigReadPermission],
+        filter_backends=[],  # the hot polling path: list filters do not apply to one object
     )
     def config(self, request: Request, pk: str | None = None) -> Response:
         """The config document data-plane components poll (docs/api.md). ``ETag`` is the
@@ -128,9 +134,14 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
             if not raw.isdigit():
                 raise ValidationError({"version": ["Expected a positive integer."]})
             version = int(raw)
+        if_none_match = request.headers.get("If-None-Match", "")
+        if version is None and selectors.etag_matches(if_none_match, deployment.version):
+            # The common poll: answered from the deployment row, no snapshot read.
+            tag = selectors.etag(deployment.version)
+            return Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": tag})
         snapshot = selectors.snapshot_for(deployment, version)
         tag = selectors.etag(snapshot.version)
-        if selectors.etag_matches(request.headers.get("If-None-Match", ""), snapshot.version):
+        if selectors.etag_matches(if_none_match, snapshot.version):
             return Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": tag})
         return Response(render_snapshot(snapshot), headers={"ETag": tag})
 
@@ -164,7 +175,7 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
             version=data.validated_data["version"],
             expected_version=expected,
         )
-        body = DeploymentSerializer(self.get_queryset().get(pk=deployment.pk)).data
+        body = DeploymentSerializer(self.queryset.get(pk=deployment.pk)).data
         return Response(body, headers={"ETag": selectors.etag(deployment.version)})
 
     @extend_schema(request=KillSwitchSerializer, responses=KillSwitchResponseSerializer)
@@ -187,7 +198,7 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
         deployment = services.deployment_transition(
             actor=request.user, deployment=self.get_object(), to_state=DeploymentState.RETIRED
         )
-        return Response(DeploymentSerializer(self.get_queryset().get(pk=deployment.pk)).data)
+        return Response(DeploymentSerializer(self.queryset.get(pk=deployment.pk)).data)
 
     @extend_schema(responses=RolloutPlanSerializer)
     @action(detail=True, methods=["get"], url_path="rollout-plan")

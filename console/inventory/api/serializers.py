@@ -5,7 +5,7 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 from rest_framework import serializers
 
-from console.inventory.models import Link, Node, Site
+from console.inventory.models import HEARTBEAT_FIELDS, Link, Node, Site
 
 MAX_REPORT_ITEMS = 256
 
@@ -41,30 +41,12 @@ class NodeSerializer(serializers.ModelSerializer):
             "accelerator_memory_gib",
             "dense_tflops",
             "memory_bandwidth_gbs",
-            "status",
-            "last_heartbeat_at",
-            "agent_version",
-            "clock_skew_ms",
-            "reported_capacity",
-            "reported_children",
-            "reported_faults",
-            "reported_config_versions",
+            *HEARTBEAT_FIELDS,
             "has_token",
             "created_at",
             "updated_at",
         ]
-        read_only_fields = [
-            "status",
-            "last_heartbeat_at",
-            "agent_version",
-            "clock_skew_ms",
-            "reported_capacity",
-            "reported_children",
-            "reported_faults",
-            "reported_config_versions",
-            "created_at",
-            "updated_at",
-        ]
+        read_only_fields = [*HEARTBEAT_FIELDS, "created_at", "updated_at"]
 
     def get_has_token(self, obj: Node) -> bool:
         return hasattr(obj, "credential")
@@ -109,7 +91,10 @@ class AwareDateTimeField(serializers.DateTimeField):
 
     def to_internal_value(self, value: Any) -> Any:
         if isinstance(value, str):
-            parsed = parse_datetime(value.strip())
+            try:
+                parsed = parse_datetime(value.strip())
+            except ValueError:  # well-formed but impossible (offset +25:00, month 13)
+                raise serializers.ValidationError("Not a valid date and time.") from None
             if parsed is not None and parsed.tzinfo is None:
                 raise serializers.ValidationError(
                     "Must carry a timezone offset (for example ...Z)."
@@ -135,7 +120,9 @@ class FaultReportSerializer(serializers.Serializer):
 
     id = serializers.CharField(max_length=100)
     kind = serializers.CharField(max_length=64)
-    target = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    target = serializers.CharField(
+        max_length=200, required=False, allow_blank=True, allow_null=True
+    )
     expires_at = serializers.DateTimeField(required=False, allow_null=True)
 
 
@@ -167,3 +154,4 @@ class HeartbeatResponseSerializer(serializers.Serializer):
     status = serializers.CharField()
     clock_skew_ms = serializers.FloatField()
     interval_s = serializers.IntegerField()
+    deployments = serializers.DictField(child=serializers.IntegerField())

@@ -79,11 +79,36 @@ def spool(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def kv_certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """mTLS material for the KV link: a CA and one certificate per engine, as CLI options."""
+    from grpc_kv.api import create_ca, create_node_cert
+
+    root = tmp_path_factory.mktemp("certs")
+    ca = create_ca(root / "ca")
+    out = {}
+    for name in ("prefill-a", "decode-b"):
+        node = create_node_cert(ca, root / name, name)
+        out[name] = [
+            "--kv-tls-ca",
+            str(node.ca_file),
+            "--kv-tls-cert",
+            str(node.cert_file),
+            "--kv-tls-key",
+            str(node.key_file),
+        ]
+    return out
+
+
+@pytest.fixture(scope="session")
 def engine_pair(
-    models_dir: Path, spool: Path, tmp_path_factory: pytest.TempPathFactory
+    models_dir: Path,
+    spool: Path,
+    kv_certs: dict[str, list[str]],
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[EngineProc, EngineProc]]:
-    """A prefill-side engine (role both) and a decode engine receiving KV from ``spool``,
-    both serving every zoo model in fp32 and bf16 with the same chunk and thread count."""
+    """A prefill-side engine (role both, mTLS client of the KV link) and a decode engine
+    receiving KV from ``spool``, both serving every zoo model in fp32 and bf16 with the same
+    chunk and thread count."""
     logs = tmp_path_factory.mktemp("logs")
     models = [a for spec in MODEL_SPECS for a in ("--model", spec)]
     common = [
@@ -112,7 +137,9 @@ def engine_pair(
         capture_output=True,
         timeout=180,
     )
-    prefill = start_engine([*common, "--role", "both"], logs / "prefill.log")
+    prefill = start_engine(
+        [*common, "--role", "both", *kv_certs["prefill-a"]], logs / "prefill.log"
+    )
     try:
         decode = start_engine(
             [*common, "--role", "decode", "--kv-spool", str(spool)], logs / "decode.log"
@@ -123,3 +150,31 @@ def engine_pair(
     yield prefill, decode
     prefill.stop()
     decode.stop()
+
+
+@pytest.fixture(scope="session")
+def grpc_decode(
+    engine_pair, models_dir: Path, kv_certs, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EngineProc]:
+    """A decode engine embedding a grpc_kv receiver (mTLS) on an ephemeral port."""
+    logs = tmp_path_factory.mktemp("logs-grpc")
+    models = [a for spec in MODEL_SPECS for a in ("--model", spec)]
+    engine = start_engine(
+        [
+            *models,
+            "--models-dir",
+            str(models_dir),
+            "--chunked-prefill-tokens",
+            str(CHUNK),
+            "--threads",
+            "1",
+            "--role",
+            "decode",
+            "--kv-listen",
+            "127.0.0.1:0",
+            *kv_certs["decode-b"],
+        ],
+        logs / "decode-grpc.log",
+    )
+    yield engine
+    engine.stop()

@@ -320,3 +320,123 @@ def test_link_cut_during_load_fails_no_request_and_traffic_returns(engines, mode
         f"\nlink cut ({mode}): {len(results)} requests, 0 failed, "
         f"back to remote {back[0] - marks['restored']:.2f} s after restore"
     )
+
+
+def test_kill_switch_from_console_within_one_poll_in_flight_finishes(engines, tmp_path):
+    from agents.gateway.app import Gateway
+    from agents.gateway.poller import ConfigPoller
+    from agents.gateway.server import start
+    from tests.agents.gateway.console_double import ConsoleDouble
+
+    prefill, decode, spool, _ = engines
+    settings = replace(SETTINGS, state_dir=str(tmp_path))
+    long_stream = {"model": "tiny", "prompt": make_prompt(200, seed=5), "max_tokens": 40,
+                   "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
+
+    async def scenario():
+        console = await ConsoleDouble(_snapshot(decode, prefill.url, spool)).start()
+        gateway = Gateway(settings)
+        poller = ConfigPoller(
+            console_url=console.url, deployment_id=1, token="node-token",
+            interval_s=settings.poll_interval_s, state_dir=tmp_path, apply=gateway.apply,
+        )  # fmt: skip
+        running = await start(gateway, poller=poller)
+        url = f"http://127.0.0.1:{running.port}"
+        try:
+            import aiohttp
+
+            async with aiohttp.ClientSession() as client:
+                in_flight = await client.post(url + "/v1/completions", json=long_stream)
+                first = await in_flight.content.readany()
+                console.update(kill_switch=True)
+                flipped = time.monotonic()
+                while gateway.router.config.version != 4:
+                    await asyncio.sleep(0.01)
+                applied_after = time.monotonic() - flipped
+                after = await _completion(client, url, {**long_stream, "max_tokens": 2})
+                rest = await in_flight.read()
+                return in_flight.headers["x-pdbridge-path"], first + rest, after[:2], applied_after
+        finally:
+            await running.stop()
+            await console.stop()
+
+    path, stream, (status, new_path), applied_after = asyncio.run(scenario())
+
+    assert path == "remote"
+    assert stream.endswith(b"data: [DONE]\n\n")
+    assert b'"error"' not in stream
+    assert (status, new_path) == (200, "local")
+    assert applied_after <= SETTINGS.poll_interval_s + 0.5
+
+
+@pytest.mark.netns
+def test_link_cut_between_namespaces_fails_no_request_and_traffic_returns(engines, tmp_path):
+    """Two sites: the remote prefill engine in its own network namespace, the decode engine
+    (with an embedded grpc_kv receiver) and the gateway in the root namespace, joined by a
+    veth pair that carries both the prefill leg and the KV. Remote answers match local ones
+    token for token; the link is set down mid-traffic and up again."""
+    from tests.agents.gateway.netns import remote_site, start_engine_in
+
+    _, _, _, models_dir = engines
+    settings = replace(SETTINGS, prefill_timeout_s=1.5, connect_timeout_s=0.5)
+    results: list[tuple[float, int, str]] = []
+    marks: dict[str, Any] = {}
+    with remote_site() as site:
+        decode = start_engine(
+            _engine_args(models_dir, "--role", "decode", "--host", site.local_ip, "--insecure",
+                         "--kv-listen", f"{site.local_ip}:0", "--kv-insecure"),
+            tmp_path / "decode.log",
+        )  # fmt: skip
+        # start_engine assumes loopback; this one listens on the local end of the link.
+        decode.url = f"http://{site.local_ip}:{decode.ready['port']}"
+        try:
+            remote = start_engine_in(
+                site,
+                _engine_args(models_dir, "--role", "both", "--kv-insecure"),
+                tmp_path / "p.log",
+            )
+        except BaseException:
+            decode.stop()
+            raise
+        data = _snapshot(decode, remote.url, Path("unused"))
+        data["pools"]["decode"]["nodes"][0]["kv_address"] = decode.ready["kv_listen"]
+        check = {"model": "tiny", "prompt": make_prompt(300, seed=11), "max_tokens": 8,
+                 "temperature": 0, "ignore_eos": True}  # fmt: skip
+        try:
+
+            async def scenario():
+                async with serving(data, settings) as (_, client, url):
+                    marks["remote"] = await _completion(client, url, check)
+                    async with client.post(decode.url + "/v1/completions", json=check) as r:
+                        marks["local"] = await r.json()
+                    stop = asyncio.Event()
+
+                    async def chaos() -> None:
+                        await asyncio.sleep(1.5)
+                        await asyncio.to_thread(site.cut)
+                        marks["cut"] = time.monotonic()
+                        await asyncio.sleep(3.0)
+                        await asyncio.to_thread(site.restore)
+                        marks["restored"] = time.monotonic()
+                        await _until_remote_after(results, marks["restored"], 20)
+                        stop.set()
+
+                    await asyncio.gather(chaos(), _steady_load(client, url, stop, results))
+
+            asyncio.run(scenario())
+        finally:
+            remote.stop()
+            decode.stop()
+
+    status, path, remote_doc = marks["remote"]
+    assert (status, path) == (200, "remote")
+    assert compare(marks["local"], remote_doc) == (True, 8, 8, None)
+    assert [r for r in results if r[1] != 200] == []
+    assert "remote" in {p for t, _, p in results if t < marks["cut"]}
+    assert "fallback" in {p for t, _, p in results if marks["cut"] < t < marks["restored"]}
+    back = [t for t, _, p in results if t > marks["restored"] and p == "remote"]
+    assert back, "traffic did not return to the remote path after the link came back"
+    print(
+        f"\nlink cut (veth down, KV over grpc_kv): {len(results)} requests, 0 failed, "
+        f"back to remote {back[0] - marks['restored']:.2f} s after restore"
+    )

@@ -184,3 +184,28 @@ def test_model_change_is_audited_and_hash_recomputed(api_as):
     assert response.json()["architecture_hash"] == architecture_hash(arch)
     entry = AuditLog.objects.get(object_type="catalog.modelspec", action="update")
     assert entry.before["architecture_hash"] == model["architecture_hash"]
+
+
+def test_side_by_side_kv_size_against_the_dense_fixture(api_as):
+    call_command("loaddata", str(FIXTURE), verbosity=0)
+    dense = ModelSpec.objects.get(name="minimax-m2.5")
+
+    response = api_as("viewer").get(
+        "/api/models/kv-size/", {"tokens": "32768", "baseline": dense.pk}
+    )
+
+    assert response.status_code == 200
+    rows = {r["name"]: r["results"][0] for r in response.json()["results"]}
+    assert rows["minimax-m2.5"]["reduction_vs_baseline"] == 1.0
+    assert rows["mimo-v2-flash"]["baseline_bytes"] == kv_bytes(dense.architecture, 32768)
+    for name, (low, high) in RATIO_BANDS_32K.items():
+        assert low <= rows[name]["reduction_vs_baseline"] <= high
+    assert response.json()["count"] == 4
+
+
+@pytest.mark.parametrize("baseline", ["abc", "999999"])
+def test_unknown_baseline_is_400(api_as, baseline):
+    response = api_as("viewer").get("/api/models/kv-size/", {"baseline": baseline})
+
+    assert response.status_code == 400
+    assert "baseline" in response.json()

@@ -201,3 +201,34 @@ def test_snapshot_history_is_paginated_newest_first_with_diffs(api_as, world):
     assert page["results"][0]["reason"] == "updated"
     assert page["results"][0]["author_label"].startswith("operator")
     assert page["next"] is not None
+
+
+def test_a_poll_that_finds_nothing_new_costs_a_few_queries(
+    client, world, django_assert_max_num_queries
+):
+    token = node_token_issue(actor=None, node=world.prefill_node)
+    url = f"/api/deployments/{world.deployment.pk}/config/"
+    tag = client.get(url, HTTP_AUTHORIZATION=f"Bearer {token}")["ETag"]
+
+    # node credential, node-in-pool check, deployment row
+    with django_assert_max_num_queries(3):
+        response = client.get(url, HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_IF_NONE_MATCH=tag)
+
+    assert response.status_code == 304
+
+
+def test_lists_do_not_grow_queries_with_rows(api_as, world, django_assert_max_num_queries):
+    from tests.console.factories import make_deployment
+
+    api = api_as("viewer")
+    for n in range(5):
+        make_deployment(name=f"extra-{n}", model=world.model)
+    api.get("/api/deployments/")  # warm the role cache of this client's user
+
+    with django_assert_max_num_queries(10):
+        deployments = api.get("/api/deployments/")
+    with django_assert_max_num_queries(8):
+        nodes = api.get("/api/nodes/")
+
+    assert deployments.json()["count"] == 6
+    assert nodes.json()["count"] == 2

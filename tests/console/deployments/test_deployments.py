@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 from console.core.models import AuditLog
 from console.deployments.models import ConfigSnapshot, Deployment
 from tests.console.factories import NodeFactory, SiteFactory
+from tests.support import unavailable
 
 pytestmark = pytest.mark.django_db
 
@@ -152,7 +153,7 @@ def test_two_operators_editing_one_deployment_never_lose_an_update(api_as, world
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_writes_with_the_same_version_exactly_one_wins(make_user, world):
     if connection.vendor != "postgresql":
-        pytest.skip("row locks need Postgres; SQLite serialises writers anyway")
+        unavailable("row-lock concurrency test needs PostgreSQL")
     from rest_framework.authtoken.models import Token
 
     version = world.deployment.version
@@ -338,3 +339,37 @@ def test_deployment_list_filters(api_as, world):
         api.get(f"/api/pools/?deployment={world.deployment.pk}&role=prefill").json()["count"] == 1
     )
     assert api.get(f"/api/pools/?node={world.decode_node.pk}").json()["count"] == 1
+
+
+def test_restore_with_stale_if_match_is_409(api_as, world):
+    response = api_as("operator").post(
+        url(world, "restore/"), {"version": 1}, format="json", HTTP_IF_MATCH='"1"'
+    )
+
+    assert response.status_code == 409
+    assert response.json()["current_version"] == world.deployment.version
+
+
+def test_restore_never_turns_the_kill_switch_off(api_as, world):
+    api = api_as("operator")
+    api.post(url(world, "kill-switch/"), {"enabled": True}, format="json")
+
+    api.post(url(world, "restore/"), {"version": 1}, format="json")
+
+    assert api.get(url(world, "config/")).json()["routing"]["kill_switch"] is True
+
+
+def test_site_role_and_node_site_changes_that_break_pools_are_400(api_as, world):
+    api = api_as("admin")
+
+    role = api.patch(f"/api/sites/{world.local.pk}/", {"role": "prefill"}, format="json")
+    both = api.patch(f"/api/sites/{world.local.pk}/", {"role": "both"}, format="json")
+    move = api.patch(
+        f"/api/nodes/{world.decode_node.pk}/", {"site": world.remote.pk}, format="json"
+    )
+
+    assert role.status_code == 400
+    assert "role" in role.json()
+    assert both.status_code == 200
+    assert move.status_code == 400
+    assert "site" in move.json()

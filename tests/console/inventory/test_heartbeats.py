@@ -85,6 +85,7 @@ def test_heartbeat_marks_node_online_and_stores_report(client, world):
     assert body["node"] == world.decode_node.pk
     assert body["status"] == "online"
     assert body["interval_s"] == 10
+    assert body["deployments"] == {str(world.deployment.pk): world.deployment.version}
     node = Node.objects.get(pk=world.decode_node.pk)
     assert node.status == "online"
     assert node.agent_version == "0.1.0"

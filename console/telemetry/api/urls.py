@@ -1,0 +1,7 @@
+from rest_framework.routers import SimpleRouter
+
+from console.telemetry.api import views
+
+router = SimpleRouter()
+router.register("telemetry/samples", views.MetricSampleViewSet, basename="metricsample")
+urlpatterns = router.urls

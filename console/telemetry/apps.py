@@ -1,0 +1,10 @@
+from django.apps import AppConfig
+
+
+class TelemetryConfig(AppConfig):
+    """Time series the console keeps: heartbeats, probes, gateway and engine scrapes. Charts,
+    canary gates, drill reports and alerts read them."""
+
+    name = "console.telemetry"
+    label = "telemetry"
+    verbose_name = "Telemetry"

@@ -1,0 +1,36 @@
+"""Every queue and route in one place.
+
+* ``pdbridge`` (default): control-plane work that may run on any worker.
+* ``site.<name>``: work that must run near a site (probes, agent calls on that site's
+  network); a worker in that datacenter consumes it (``-Q pdbridge,site.remote``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu import Queue
+
+DEFAULT_QUEUE = "pdbridge"  # = settings.CELERY_TASK_DEFAULT_QUEUE
+
+
+def site_queue(site_name: str) -> str:
+    return f"site.{site_name}"
+
+
+def task_queues() -> list[Queue]:
+    return [Queue(DEFAULT_QUEUE)]
+
+
+def route_task(
+    name: str, args: Any, kwargs: Any, options: Any, task: Any = None, **kw: Any
+) -> dict[str, str]:
+    """Tasks with a ``site`` keyword go to that site's queue; everything else to the default."""
+    site = (kwargs or {}).get("site")
+    return {"queue": site_queue(site)} if site else {"queue": DEFAULT_QUEUE}
+
+
+# Periodic jobs (also editable in the admin through django-celery-beat).
+BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
+    "resume-stalled-runs": {"task": "orchestrator.runs.resume_stalled", "schedule": 15.0},
+}

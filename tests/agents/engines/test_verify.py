@@ -1,0 +1,165 @@
+"""Verification can fail: a transfer corrupted in flight, with integrity checks off, is caught
+as a mismatch at the first divergent step; with the digests on it is refused outright.
+
+The corruption is injected between the prefill engine's spool and the decode engine's (one
+flipped byte in a full-attention layer's KV), playing the part of a faulty link."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agents.engines.verify import compare, make_prompt
+from tests.agents.engines.client import post
+from tests.agents.engines.conftest import CHUNK, EngineProc, start_engine
+
+
+@pytest.fixture(scope="module")
+def unchecked_decode(models_dir, tmp_path_factory) -> EngineProc:
+    """A decode engine whose spool receiver skips per-segment digests ("checksums off")."""
+    spool = tmp_path_factory.mktemp("spool-unchecked")
+    engine = start_engine(
+        [
+            "--model",
+            "qwen3-next=qwen3-next",
+            "--models-dir",
+            str(models_dir),
+            "--role",
+            "decode",
+            "--chunked-prefill-tokens",
+            str(CHUNK),
+            "--threads",
+            "1",
+            "--kv-spool",
+            str(spool),
+            "--no-verify-kv-digests",
+        ],
+        tmp_path_factory.mktemp("logs-unchecked") / "decode.log",
+    )
+    engine.spool = spool  # type: ignore[attr-defined]
+    yield engine
+    engine.stop()
+
+
+def _prefill_and_corrupt(prefill: EngineProc, staging: Path, body: dict, segment: str) -> str:
+    tid = f"c-{uuid.uuid4().hex}"
+    status, _, _ = post(
+        f"{prefill.url}/v1/completions",
+        {
+            **body,
+            "kv_transfer_params": {
+                "do_remote_decode": True,
+                "transfer_id": tid,
+                "kv_destination": f"spool:{staging}",
+            },
+        },
+    )
+    assert status == 200
+    path = staging / tid / f"seg.{segment}"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40  # one bit of one value of the middle token
+    path.write_bytes(bytes(data))
+    return tid
+
+
+def test_corrupted_transfer_without_checksums_is_a_mismatch(
+    engine_pair, unchecked_decode, tmp_path
+):
+    prefill, _ = engine_pair
+    body = {
+        "model": "qwen3-next",
+        "prompt": make_prompt(200, seed=11),
+        "max_tokens": 8,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    tid = _prefill_and_corrupt(prefill, tmp_path, body, "L3.k")
+    shutil.move(tmp_path / tid, unchecked_decode.spool / tid)
+
+    status, _, remote = post(
+        f"{unchecked_decode.url}/v1/completions",
+        {
+            **body,
+            "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": tid, "deadline_s": 10},
+        },
+    )
+    _, _, local = post(f"{unchecked_decode.url}/v1/completions", body)
+
+    assert status == 200  # nothing on the way noticed
+    match, _, _, divergence = compare(local, remote)
+    assert match is False
+    assert divergence is not None
+    assert divergence.step == 1  # the first step that reads the corrupted KV
+    assert divergence.position == 201
+
+
+def test_corrupted_transfer_with_digests_is_refused(engine_pair, spool, tmp_path):
+    prefill, decode = engine_pair
+    body = {
+        "model": "qwen3-next",
+        "prompt": make_prompt(200, seed=11),
+        "max_tokens": 4,
+        "temperature": 0,
+    }
+    tid = _prefill_and_corrupt(prefill, tmp_path, body, "L0.rec0")
+    shutil.move(tmp_path / tid, spool / tid)
+
+    status, _, data = post(
+        f"{decode.url}/v1/completions",
+        {
+            **body,
+            "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": tid, "deadline_s": 10},
+        },
+    )
+
+    assert status == 503
+    assert data["error"]["code"] == "kv_corrupt"
+    assert "digest mismatch" in data["error"]["message"]
+
+
+def test_verify_cli_rejects_bad_arguments(capsys):
+    from agents.engines.verify import main
+
+    assert (
+        main(
+            [
+                "--prefill",
+                "http://x",
+                "--decode",
+                "http://y",
+                "--model",
+                "m",
+                "--kv-destination",
+                "d",
+                "--lengths",
+                "a,b",
+            ]
+        )
+        == 2
+    )
+    assert "--lengths" in capsys.readouterr().err
+
+
+def test_verify_cli_exit_2_when_engine_unreachable(capsys):
+    from agents.engines.verify import main
+
+    code = main(
+        [
+            "--prefill",
+            "http://127.0.0.1:9",
+            "--decode",
+            "http://127.0.0.1:9",
+            "--model",
+            "m",
+            "--kv-destination",
+            "127.0.0.1:9",
+            "--lengths",
+            "10",
+        ]
+    )
+
+    assert code == 2
+    assert "pdbridge verify:" in capsys.readouterr().err

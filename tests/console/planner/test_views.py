@@ -1,0 +1,92 @@
+import json
+
+import pytest
+
+from console.planner.presets import preset_scenario
+
+pytestmark = pytest.mark.django_db
+
+PAGE = "/planner/"
+
+
+@pytest.fixture
+def logged_in(client, make_user):
+    def login(role):
+        client.force_login(make_user(role))
+        return client
+
+    return login
+
+
+def test_anonymous_is_sent_to_login(client):
+    response = client.get(PAGE)
+
+    assert response.status_code == 302
+    assert "/login/" in response["Location"]
+
+
+def test_user_without_a_role_is_refused(logged_in):
+    assert logged_in(None).get(PAGE).status_code == 403
+
+
+def test_page_shows_the_case_study_verdict_optimum_and_charts(logged_in):
+    response = logged_in("viewer").get(PAGE)
+
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert 'id="verdict"' in html
+    assert "Offload" in html
+    assert "3 / 5" in html  # the split
+    assert "3.247 req/s" in html
+    assert "2.110 req/s" in html  # homogeneous baseline
+    assert html.count("plotly-graph-div") == 2
+    assert "/planner/plotly.min.js" in html
+
+
+def test_posted_scenario_is_evaluated(logged_in):
+    body = preset_scenario("prfaas-case-study")
+    body["link"]["bandwidth_gbps"] = 5
+
+    response = logged_in("viewer").post(PAGE, {"body": json.dumps(body)})
+
+    assert response.status_code == 200
+    assert "Thin link" in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{", "body: not valid JSON"),
+        ('{"lengths": 1}', "lengths: must be an object"),
+        ("[]", "must be an object"),
+        ('{"kv": {"model": 99999}}', "kv.model: no model with id 99999"),
+    ],
+)
+def test_bad_scenario_is_an_error_on_the_page(logged_in, text, message):
+    response = logged_in("viewer").post(PAGE, {"body": text})
+
+    assert response.status_code == 400
+    assert message in response.content.decode()
+    assert "plotly-graph-div" not in response.content.decode()
+
+
+def test_saved_scenario_and_unknown_preset(logged_in, api_as):
+    created = api_as("operator").post(
+        "/api/planner/scenarios/", {"name": "thin", "body": preset_scenario("prfaas-case-study")}
+    )
+    client = logged_in("viewer")
+
+    saved = client.get(PAGE, {"scenario": created.json()["id"]})
+    unknown = client.get(PAGE, {"preset": "nope", "scenario": "abc"})
+
+    assert saved.status_code == 200
+    assert "saved scenario thin" in saved.content.decode()
+    assert unknown.status_code == 200  # falls back to the case study
+
+
+def test_plotly_js_is_served_locally(client):
+    response = client.get("/planner/plotly.min.js")
+
+    assert response.status_code == 200
+    assert response["Content-Type"] == "application/javascript"
+    assert len(response.content) > 1_000_000
