@@ -267,6 +267,8 @@ SPECTACULAR_SETTINGS = {
         "SiteRoleEnum": "console.inventory.choices.SiteRole",
         "PoolRoleEnum": "console.deployments.choices.PoolRole",
         "UserRoleEnum": "console.core.choices.Role",
+        "AlertLevelEnum": "console.alerts.choices.AlertLevel",
+        "AlertLayerEnum": "console.alerts.choices.AlertLayer",
     },
 }
 
