@@ -4,7 +4,6 @@ sent by name, as beat sends them; the schedule table is checked to name each of 
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 
 import pytest
@@ -21,6 +20,7 @@ from orchestrator.celery import app
 from orchestrator.queues import BEAT_SCHEDULE
 from tests.console.conftest import world  # noqa: F401 - fixture used by ``tidal``
 from tests.console.schedules.conftest import tidal  # noqa: F401 - fixture
+from tests.orchestrator.test_runs_worker import wait_for
 
 JOBS = {
     "orchestrator.inventory.mark_missing",
@@ -29,16 +29,6 @@ JOBS = {
     "orchestrator.schedules.apply_tidal",
     "orchestrator.schedules.propose_rebalance",
 }
-
-
-def wait_for(predicate, timeout=60.0, interval=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(interval)
-    raise AssertionError("condition not met in time")
 
 
 def send(name: str) -> None:

@@ -45,25 +45,20 @@ def local8(tidal):
 
 
 def measure(world, producer_remote: float, producer_local: float, consumer: float) -> None:
+    series = [
+        ("prefill_requests_per_second", producer_remote, {"path": "remote"}),
+        ("prefill_requests_per_second", producer_local, {"path": "local"}),
+        ("decode_requests_per_second", consumer, None),
+    ]
     for minutes in (5, 25, 45):
-        at = NOW - timedelta(minutes=minutes)
-        sample_record(
-            subject=world.deployment,
-            name="prefill_requests_per_second",
-            value=producer_remote,
-            labels={"path": "remote"},
-            at=at,
-        )
-        sample_record(
-            subject=world.deployment,
-            name="prefill_requests_per_second",
-            value=producer_local,
-            labels={"path": "local"},
-            at=at,
-        )
-        sample_record(
-            subject=world.deployment, name="decode_requests_per_second", value=consumer, at=at
-        )
+        for name, value, labels in series:
+            sample_record(
+                subject=world.deployment,
+                name=name,
+                value=value,
+                labels=labels,
+                at=NOW - timedelta(minutes=minutes),
+            )
 
 
 def test_decode_bound_load_proposes_converting_prefill_nodes_to_decode(local8):
