@@ -105,6 +105,8 @@ def rebalance_propose(
     decode, prefill = _local_pools(deployment)
     n_decode = decode.nodes.count()
     n_prefill = prefill.nodes.count() if prefill else 0
+    if n_prefill + n_decode == 0:
+        return None
     measured = measured_throughput(deployment, now - window, now)
     producer, consumer = measured["producer_rps"], measured["consumer_rps"]
     if not producer or not consumer:
