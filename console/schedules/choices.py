@@ -10,6 +10,9 @@ class ApplicationOutcome(models.TextChoices):
     UNCHANGED = "unchanged", "Unchanged"
     # The kill switch was on: the schedule never overrides it (re-checked on the next tick).
     SKIPPED_KILL_SWITCH = "skipped_kill_switch", "Skipped: kill switch on"
+    # The deployment is not active (draft, deploying, failed, retired): the deployment
+    # workflow owns its settings until it is serving.
+    SKIPPED_INACTIVE = "skipped_inactive", "Skipped: deployment not active"
     # A canary run was pending or running: the canary owns the remote share until it ends.
     SKIPPED_CANARY = "skipped_canary", "Skipped: canary in progress"
     # The plan could not be computed or written; ``error`` says why.

@@ -5,7 +5,8 @@ Callers: the API and admin (CRUD, what-if), the beat task ``orchestrator.schedul
 ``ValidationError`` naming the field (400). The hourly apply changes the deployment only
 through ``console.deployments.services`` (so a config snapshot and an audit entry are written),
 never overrides a kill switch that is on or a canary in progress, and is idempotent per hour
-(one ``TidalApplication`` row per schedule and schedule-local hour).
+(one ``TidalApplication`` row per schedule and schedule-local hour). It acts only on an
+``active`` deployment: while the deployment workflow runs, its steps own the settings.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from console.core.crud import Actor, audited_create, audited_delete, audited_update
-from console.deployments.choices import PoolRole
+from console.deployments.choices import DeploymentState, PoolRole
 from console.deployments.models import Deployment, Pool
 from console.deployments.services import deployment_update
 from console.inventory.choices import NodeStatus
@@ -297,6 +298,8 @@ def tidal_apply_hour(*, schedule_id: int, now: datetime | None = None) -> TidalA
     plan_doc = plan.as_dict()
     if deployment.kill_switch:
         outcome = ApplicationOutcome.SKIPPED_KILL_SWITCH
+    elif deployment.state != DeploymentState.ACTIVE:
+        outcome = ApplicationOutcome.SKIPPED_INACTIVE
     elif (canary := canary_in_progress(deployment)) is not None:
         outcome = ApplicationOutcome.SKIPPED_CANARY
         plan_doc["canary_run"] = canary.pk

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from console.deployments.services import pool_update
+from console.deployments.services import deployment_transition, pool_update
 from console.planner.presets import preset_scenario
 from console.schedules.services import price_table_create, tidal_schedule_create
 from tests.console.factories import NodeFactory
@@ -27,8 +27,8 @@ def case_study() -> dict[str, Any]:
 
 @pytest.fixture
 def tidal(world: Any) -> Any:
-    """``world`` (tests/console/conftest.py) plus 3 more remote prefill nodes, prices and an
-    enabled schedule in UTC."""
+    """``world`` (tests/console/conftest.py), active, plus 3 more remote prefill nodes, prices
+    and an enabled schedule in UTC."""
     extra = [NodeFactory(site=world.remote, hostname=f"pre-{i}") for i in range(2, 5)]
     pool_update(actor=None, pool=world.prefill_pool, nodes=[world.prefill_node, *extra])
     world.local.gpu_hour_price = LOCAL_PRICE
@@ -45,5 +45,8 @@ def tidal(world: Any) -> Any:
         local_site=world.local,
         capacity=CAPACITY,
     )
+    for state in ("deploying", "active"):
+        world.deployment.refresh_from_db()
+        deployment_transition(actor=None, deployment=world.deployment, to_state=state)
     world.deployment.refresh_from_db()
     return world

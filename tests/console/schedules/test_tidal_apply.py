@@ -13,7 +13,7 @@ import pytest
 
 from console.core.models import AuditLog
 from console.deployments.models import Deployment
-from console.deployments.services import deployment_set_kill_switch
+from console.deployments.services import deployment_set_kill_switch, deployment_transition
 from console.runs.models import WorkflowRun
 from console.schedules.models import TidalApplication
 from console.schedules.services import tidal_apply_due, tidal_apply_hour, tidal_schedule_update
@@ -163,3 +163,18 @@ def test_a_plan_that_cannot_be_computed_is_recorded_as_failed(tidal):
     assert row.outcome == "failed"
     assert "capacity" in row.error
     assert deployment(tidal).remote_share_percent == 0
+
+
+def test_a_deployment_that_is_not_active_is_left_to_its_workflow(tidal):
+    d = deployment(tidal)
+    deployment_transition(actor=None, deployment=d, to_state="deploying")
+    version = deployment(tidal).version
+
+    row = tidal_apply_hour(schedule_id=tidal.schedule.pk, now=DAY)
+
+    assert row.outcome == "skipped_inactive"
+    assert deployment(tidal).version == version
+    assert deployment(tidal).remote_share_percent == 0
+    deployment_transition(actor=None, deployment=deployment(tidal), to_state="active")
+    row = tidal_apply_hour(schedule_id=tidal.schedule.pk, now=DAY + timedelta(minutes=1))
+    assert row.outcome == "applied"
