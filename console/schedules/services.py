@@ -29,7 +29,6 @@ from console.inventory.choices import NodeStatus
 from console.inventory.models import Site
 from console.planner.errors import PlannerInputError
 from console.planner.inputs import parse_scenario
-from console.planner.model import MAX_INSTANCES
 from console.planner.selectors import scenario_resolve
 from console.runs.choices import RunState
 from console.runs.models import WorkflowRun
@@ -42,6 +41,9 @@ logger = logging.getLogger(__name__)
 CANARY_KIND = "canary"  # WorkflowRun.kind of the canary workflow (checked by name)
 ACTIVE_RUN_STATES = (RunState.PENDING, RunState.RUNNING)
 MAX_PRICE = 1e6
+# Remote instances per hour at most: the policy runs one planner search per count (~15 ms
+# each at 1,000 thresholds), so this bounds a what-if to a few seconds.
+MAX_CAPACITY = 256
 
 
 def validate_hourly(value: Any, field: str, *, integer: bool, maximum: float) -> list[Any]:
@@ -123,7 +125,7 @@ def _schedule_fields(fields: dict[str, Any], current: TidalSchedule | None) -> d
         _scenario_check(fields["scenario"])
     if "capacity" in fields:
         fields["capacity"] = validate_hourly(
-            fields["capacity"], "capacity", integer=True, maximum=MAX_INSTANCES
+            fields["capacity"], "capacity", integer=True, maximum=MAX_CAPACITY
         )
     remote = fields.get("remote_site", current.remote_site if current else None)
     local = fields.get("local_site", current.local_site if current else None)
@@ -181,7 +183,7 @@ def tidal_inputs(schedule: TidalSchedule, overrides: dict[str, Any] | None = Non
             local_prices, "local_prices", integer=False, maximum=MAX_PRICE
         ),
         capacity=validate_hourly(
-            o.get("capacity", schedule.capacity), "capacity", integer=True, maximum=MAX_INSTANCES
+            o.get("capacity", schedule.capacity), "capacity", integer=True, maximum=MAX_CAPACITY
         ),
         gpus_per_instance=int(o.get("gpus_per_instance", schedule.gpus_per_instance)),
         ttft_limit_s=float(o.get("ttft_limit_ms", schedule.ttft_limit_ms)) / 1000.0,

@@ -205,3 +205,24 @@ def test_webhook_non_2xx_is_a_failed_delivery(world):
     delivery = Alert.objects.get(rule_name="link-rtt-high").notifications[0]
     assert delivery["ok"] is False
     assert "500" in delivery["detail"]
+
+
+def test_channels_that_skip_resolutions_hear_only_the_firing(world, receiver):
+    channel_create(
+        actor=None,
+        name="fire-only",
+        kind="webhook",
+        target=receiver.url,
+        min_level="warning",
+        send_resolved=False,
+    )
+    rtt(world.link, 1.0, NOW)
+    alerts_evaluate(now=NOW)
+    rtt(world.link, 0.001, NOW + timedelta(seconds=1))
+    for i in range(100):  # enough good samples to pull the 5-minute mean under 100 ms
+        rtt(world.link, 0.001, NOW + timedelta(seconds=2 + i))
+
+    result = alerts_evaluate(now=NOW + timedelta(seconds=200))
+
+    assert len(result["resolved"]) == 1
+    assert [d["event"] for d in receiver.received] == ["firing"]
