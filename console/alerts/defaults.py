@@ -3,7 +3,8 @@
 rules in ``deploy/prometheus/alerts.yaml`` (``manage.py alerts_export``), so the console and
 Alertmanager sites alert on the same conditions.
 
-Metric names follow Prometheus conventions in base units; the subject is what the sample is
+Metric names follow Prometheus conventions (the names the console pages chart and the
+recorders write: heartbeats, probes, the gateway scrape); the subject is what the sample is
 about (``telemetry.MetricSample.subject_type``). Thresholds are starting points an operator
 tunes per site (in the console; the exported file is regenerated from these defaults).
 Pure data: no Django imports.
@@ -72,11 +73,11 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "name": "link-rtt-high",
         "layer": "link",
         "level": "warning",
-        "metric": "link_rtt_seconds",
+        "metric": "link_rtt_ms",
         "subject_type": LINK,
         "aggregate": "avg",
         "comparison": "gt",
-        "threshold": 0.1,
+        "threshold": 100.0,
         "window_s": 300,
         "summary": "WAN round trip above 100 ms: remote TTFT grows by the difference.",
     },

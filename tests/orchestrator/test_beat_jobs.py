@@ -51,10 +51,10 @@ def test_worker_runs_liveness_retention_alerts_and_tidal_jobs(start_worker, tida
         status="online", last_heartbeat_at=now - timedelta(hours=1)
     )
     old = sample_record(
-        subject=tidal.link, name="link_rtt_seconds", value=0.01, at=now - timedelta(days=30)
+        subject=tidal.link, name="link_rtt_ms", value=10.0, at=now - timedelta(days=30)
     )
     sample_record(
-        subject=tidal.link, name="link_rtt_seconds", value=2.0, at=now - timedelta(seconds=5)
+        subject=tidal.link, name="link_rtt_ms", value=2000.0, at=now - timedelta(seconds=5)
     )
     start_worker()
 
@@ -67,4 +67,4 @@ def test_worker_runs_liveness_retention_alerts_and_tidal_jobs(start_worker, tida
     row = wait_for(lambda: TidalApplication.objects.filter(schedule=tidal.schedule).first())
     assert row.outcome == "applied"
     assert row.hour == now.hour or row.hour == (now.hour + 1) % 24  # the worker's clock
-    assert MetricSample.objects.filter(name="link_rtt_seconds").count() == 1
+    assert MetricSample.objects.filter(name="link_rtt_ms").count() == 1

@@ -73,8 +73,8 @@ def test_bad_input_is_a_400_naming_the_field(api_as, path, body, field):
 def test_history_is_filterable_by_state(world, api_as):
     sample_record(
         subject=world.link,
-        name="link_rtt_seconds",
-        value=1.0,
+        name="link_rtt_ms",
+        value=1000.0,
         at=datetime(2026, 11, 30, tzinfo=UTC),
     )
     alerts_evaluate(now=datetime(2026, 11, 30, 0, 1, tzinfo=UTC))

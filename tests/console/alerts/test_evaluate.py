@@ -56,8 +56,8 @@ def receiver() -> Iterator[Receiver]:
     r.close()
 
 
-def rtt(link: Any, value: float, at: datetime) -> None:
-    sample_record(subject=link, name="link_rtt_seconds", value=value, at=at)
+def rtt(link: Any, seconds: float, at: datetime) -> None:
+    sample_record(subject=link, name="link_rtt_ms", value=seconds * 1000.0, at=at)
 
 
 def test_default_rules_are_installed_for_every_layer_and_level():
@@ -85,7 +85,7 @@ def test_breach_fires_once_stays_firing_then_resolves_with_history(world, receiv
     assert Alert.objects.filter(rule_name="link-rtt-high").count() == 1  # deduplicated
     assert alert.subject_type == "inventory.link"
     assert alert.subject_id == str(world.link.pk)
-    assert alert.value == pytest.approx(0.15)
+    assert alert.value == pytest.approx(150.0)
     assert alert.level == "warning"
     # webhook: one POST, with the alert document
     assert len(receiver.received) == 1

@@ -23,7 +23,7 @@ def test_every_default_rule_is_exported_with_its_level_and_expression():
         item = exported[rule["name"]]
         assert item["labels"]["severity"] == rule["level"]
         assert item["expr"] == rule_expression(rule)
-    assert exported["link-rtt-high"]["expr"] == "avg_over_time(link_rtt_seconds[300s]) > 0.1"
+    assert exported["link-rtt-high"]["expr"] == "avg_over_time(link_rtt_ms[300s]) > 100"
     assert exported["success-rate-low"]["alert"] == "PdbridgeSuccessRateLow"
 
 
