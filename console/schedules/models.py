@@ -17,7 +17,7 @@ def validate_timezone(value: str) -> None:
     """An IANA zone name (``Europe/Paris``, ``UTC``)."""
     try:
         zoneinfo.ZoneInfo(value)
-    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):  # OSError: absurd names
         raise ValidationError(f"Unknown time zone {value!r} (use an IANA name).") from None
 
 
