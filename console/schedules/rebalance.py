@@ -55,10 +55,11 @@ def measured_throughput(deployment: Deployment, since: datetime, until: datetime
     base = MetricSample.objects.filter(
         subject_type=subject_type, subject_id=subject_id, at__gte=since, at__lt=until
     )
-    by_path = {
-        (row["labels"] or {}).get("path", "all"): row["v"]
-        for row in base.filter(name=PRODUCER_METRIC).values("labels").annotate(v=Avg("value"))
-    }
+    by_path: dict[str, float] = {}
+    # One series per distinct label set (path, and e.g. site): their means add up.
+    for row in base.filter(name=PRODUCER_METRIC).values("labels").annotate(v=Avg("value")):
+        path = (row["labels"] or {}).get("path", "all")
+        by_path[path] = by_path.get(path, 0.0) + row["v"]
     consumer = base.filter(name=CONSUMER_METRIC).aggregate(v=Avg("value"))["v"]
     return {
         "producer_rps": sum(by_path.values()) if by_path else None,

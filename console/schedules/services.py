@@ -321,12 +321,15 @@ def tidal_apply_hour(*, schedule_id: int, now: datetime | None = None) -> TidalA
             before=before,
             after=before,
         )
+    settings: dict[str, Any] = {"remote_share_percent": plan.remote_share_percent}
+    if plan.remote_share_percent:
+        # Nothing remote: the threshold is moot, so the deployment keeps its own.
+        settings["remote_prefill_threshold_tokens"] = plan.threshold_tokens
     updated = deployment_update(
         actor=None,
         deployment=deployment,
         reason=f"tidal {hour_start:%H}:00 {schedule.timezone}",
-        remote_share_percent=plan.remote_share_percent,
-        remote_prefill_threshold_tokens=plan.threshold_tokens,
+        **settings,
     )
     after = _current(updated)
     previous = (

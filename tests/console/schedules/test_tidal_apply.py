@@ -31,6 +31,7 @@ def deployment(world) -> Deployment:
 def test_a_simulated_day_applies_each_hours_plan_and_respects_the_kill_switch(tidal):
     kill_hours = {9, 10}
     seen = []
+    seen_threshold = [deployment(tidal).remote_prefill_threshold_tokens]
     for hour in range(24):
         now = DAY + timedelta(hours=hour, minutes=1)
         if hour == 9:
@@ -54,7 +55,11 @@ def test_a_simulated_day_applies_each_hours_plan_and_respects_the_kill_switch(ti
             assert row.checks == 1
             assert row.plan["remote_instances"] == EXPECTED_REMOTE[hour]
             assert d.remote_share_percent == (100 if EXPECTED_REMOTE[hour] else 0)
-            assert d.remote_prefill_threshold_tokens == row.plan["threshold_tokens"]
+            if EXPECTED_REMOTE[hour]:
+                assert d.remote_prefill_threshold_tokens == row.plan["threshold_tokens"]
+            else:  # nothing remote: the deployment keeps the threshold it had
+                assert d.remote_prefill_threshold_tokens == seen_threshold[-1]
+            seen_threshold.append(d.remote_prefill_threshold_tokens)
             assert row.config_version == d.version
             assert len(row.scale["run"]) == EXPECTED_REMOTE[hour]
             assert row.scale["agent_calls"].startswith("none")
@@ -178,3 +183,21 @@ def test_a_deployment_that_is_not_active_is_left_to_its_workflow(tidal):
     deployment_transition(actor=None, deployment=deployment(tidal), to_state="active")
     row = tidal_apply_hour(schedule_id=tidal.schedule.pk, now=DAY + timedelta(minutes=1))
     assert row.outcome == "applied"
+
+
+def test_dst_fall_back_gives_the_repeated_local_hour_its_own_row(tidal):
+    # Europe/Paris leaves summer time on 2026-10-25: 02:00-03:00 local happens twice
+    # (00:00 and 01:00 UTC). Each is its own hour, applied once.
+    tidal_schedule_update(actor=None, schedule=tidal.schedule, timezone="Europe/Paris")
+    first = datetime(2026, 10, 25, 0, 30, tzinfo=UTC)
+
+    a = tidal_apply_hour(schedule_id=tidal.schedule.pk, now=first)
+    b = tidal_apply_hour(schedule_id=tidal.schedule.pk, now=first + timedelta(hours=1))
+    again = tidal_apply_hour(
+        schedule_id=tidal.schedule.pk, now=first + timedelta(hours=1, minutes=5)
+    )
+
+    assert (a.hour, b.hour) == (2, 2)
+    assert a.pk != b.pk
+    assert again.pk == b.pk
+    assert TidalApplication.objects.filter(schedule=tidal.schedule).count() == 2
