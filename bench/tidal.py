@@ -19,14 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from bench.planner import timed
 from console.planner.inputs import parse_scenario
 from console.planner.presets import preset_scenario
 from console.schedules.policy import HOURS, TidalInputs, candidates, choose, day_plan
@@ -35,17 +33,6 @@ OUTPUT = Path("var/bench/tidal.json")
 # Remote GPU-hour price: cheap at night, normal by day, a peak in the evening.
 REMOTE_PRICES = [1.0] * 8 + [2.0] * 10 + [6.0] * 4 + [2.0] * 2
 LOCAL_PRICE = 1.5
-
-
-def timed(fn: Callable[[], Any], repeats: int) -> dict[str, float]:
-    """Median and min wall time of ``repeats`` calls (after one warm-up call)."""
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return {"median_s": statistics.median(samples), "min_s": min(samples), "runs": repeats}
 
 
 def inputs(capacity: int) -> TidalInputs:
