@@ -109,6 +109,11 @@ class TidalSchedule(Timestamped):
         default=default_capacity,
         help_text="24 counts: remote prefill instances available in each hour (capacity window).",
     )
+    demand_rps = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Optional: 24 expected request rates (requests/s); empty plans for full load.",
+    )
     rtt_ms = models.FloatField(
         default=0.0,
         validators=[MinValueValidator(0.0), MaxValueValidator(10_000.0)],

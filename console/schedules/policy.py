@@ -9,12 +9,15 @@ counts its capacity window allows, the cheapest one whose TTFT estimate is withi
 
 * cost per hour = GPUs per instance x (n x remote price(h) + N_local x local price(h))
   (the local pool is paid whether it prefills or decodes; remote instances only when held);
-* tokens per hour = Lambda_max x 3600 x (E[L] + output tokens);
+* tokens per hour = served x 3600 x (E[L] + output tokens), where served is ``Lambda_max``,
+  or ``min(Lambda_max, demand)`` when an hourly demand curve is given;
 * TTFT estimate, worst path: remote = T_remote(l_long) + S_kv(l_long) / (B x ceiling) + RTT
   (no overlap of prefill and transfer assumed: conservative); local = T_local(l_short).
 
-When no count meets the limit, the hour takes the count with the lowest TTFT estimate and is
-flagged ``ttft_within_limit: false`` (the operator sees it in the what-if answer).
+With a demand curve a plan must also carry the hour's demand (``meets_demand``); when no
+count within the TTFT limit does, the hour takes the one that serves most. When no count
+meets the TTFT limit, the hour takes the lowest TTFT estimate and is flagged
+``ttft_within_limit: false`` (the operator sees both flags in the what-if answer).
 
 Callers: ``console.schedules.services`` (what-if, the beat's hourly apply). Pure, blocking; one
 planner search per candidate count (milliseconds each).
@@ -42,6 +45,7 @@ class TidalInputs:
     gpus_per_instance: int
     ttft_limit_s: float
     rtt_s: float = 0.0
+    demand_rps: list[float] | None = None  # 24 values (requests/s), None: full load
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,8 @@ class HourPlan:
     n_decode: int
     ttft_s: float
     ttft_within_limit: bool
+    served_rps: float  # Lambda_max, or the demand when it is lower
+    meets_demand: bool
     cost_per_hour: float
     cost_per_million_tokens: float | None
 
@@ -111,6 +117,10 @@ def _hour_plan(inputs: TidalInputs, hour: int, c: Candidate) -> HourPlan:
         + inputs.scenario.local_instances * inputs.local_prices[hour]
     )
     remote = c.plan.offload_share > 0 and c.remote_instances > 0
+    served = c.plan.lambda_max
+    if inputs.demand_rps is not None:
+        served = min(served, inputs.demand_rps[hour])
+    tokens = served * c.tokens_per_hour / c.plan.lambda_max if c.plan.lambda_max > 0 else 0.0
     return HourPlan(
         hour=hour,
         remote_instances=c.remote_instances if remote else 0,
@@ -122,8 +132,10 @@ def _hour_plan(inputs: TidalInputs, hour: int, c: Candidate) -> HourPlan:
         n_decode=c.plan.n_decode,
         ttft_s=c.ttft_s,
         ttft_within_limit=c.ttft_s <= inputs.ttft_limit_s,
+        served_rps=served,
+        meets_demand=inputs.demand_rps is None or served >= inputs.demand_rps[hour],
         cost_per_hour=cost,
-        cost_per_million_tokens=cost / c.tokens_per_hour * 1e6 if c.tokens_per_hour > 0 else None,
+        cost_per_million_tokens=cost / tokens * 1e6 if tokens > 0 else None,
     )
 
 
@@ -134,11 +146,15 @@ def _cost_key(p: HourPlan) -> tuple[float, int]:
 
 
 def choose(inputs: TidalInputs, hour: int, options: dict[int, Candidate]) -> HourPlan:
-    """The hour's plan: cheapest within the TTFT limit, else the lowest TTFT."""
+    """The hour's plan: cheapest within the TTFT limit that carries the demand; else, within
+    the limit, the one serving most; else the lowest TTFT."""
     plans = [_hour_plan(inputs, hour, options[n]) for n in range(inputs.capacity[hour] + 1)]
-    feasible = [p for p in plans if p.ttft_within_limit]
+    within = [p for p in plans if p.ttft_within_limit]
+    feasible = [p for p in within if p.meets_demand]
     if feasible:
         return min(feasible, key=_cost_key)
+    if within:
+        return max(within, key=lambda p: (p.served_rps, -p.cost_per_hour))
     return min(plans, key=lambda p: (p.ttft_s, _cost_key(p)))
 
 
@@ -154,16 +170,20 @@ def _totals(plans: list[HourPlan]) -> dict[str, Any]:
         "tokens_per_day": tokens,
         "cost_per_million_tokens": cost / tokens * 1e6 if tokens > 0 else None,
         "hours_over_ttft_limit": sum(1 for p in plans if not p.ttft_within_limit),
+        "hours_short_of_demand": sum(1 for p in plans if not p.meets_demand),
     }
 
 
 def check_inputs(inputs: TidalInputs) -> None:
     """Raise ``ValueError`` naming the field when a table does not have 24 sane values."""
-    for name, values in (
-        ("remote_prices", inputs.remote_prices),
-        ("local_prices", inputs.local_prices),
-        ("capacity", inputs.capacity),
-    ):
+    tables: list[tuple[str, list[Any]]] = [
+        ("remote_prices", list(inputs.remote_prices)),
+        ("local_prices", list(inputs.local_prices)),
+        ("capacity", list(inputs.capacity)),
+    ]
+    if inputs.demand_rps is not None:
+        tables.append(("demand_rps", list(inputs.demand_rps)))
+    for name, values in tables:
         if len(values) != HOURS:
             raise ValueError(f"{name}: must hold {HOURS} hourly values, got {len(values)}")
         if any(not math.isfinite(v) or v < 0 for v in values):

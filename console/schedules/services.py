@@ -44,6 +44,7 @@ MAX_PRICE = 1e6
 # Remote instances per hour at most: the policy runs one planner search per count (~15 ms
 # each at 1,000 thresholds), so this bounds a what-if to a few seconds.
 MAX_CAPACITY = 256
+MAX_DEMAND = 1e6  # requests/s
 
 
 def validate_hourly(value: Any, field: str, *, integer: bool, maximum: float) -> list[Any]:
@@ -127,6 +128,10 @@ def _schedule_fields(fields: dict[str, Any], current: TidalSchedule | None) -> d
         fields["capacity"] = validate_hourly(
             fields["capacity"], "capacity", integer=True, maximum=MAX_CAPACITY
         )
+    if fields.get("demand_rps"):
+        fields["demand_rps"] = validate_hourly(
+            fields["demand_rps"], "demand_rps", integer=False, maximum=MAX_DEMAND
+        )
     remote = fields.get("remote_site", current.remote_site if current else None)
     local = fields.get("local_site", current.local_site if current else None)
     if remote is not None and local is not None and remote.pk == local.pk:
@@ -161,8 +166,8 @@ def tidal_schedule_delete(*, actor: Actor, schedule: TidalSchedule) -> None:
 
 def tidal_inputs(schedule: TidalSchedule, overrides: dict[str, Any] | None = None) -> TidalInputs:
     """The policy's inputs for ``schedule``; ``overrides`` (what-if) may replace ``scenario``,
-    ``capacity``, ``ttft_limit_ms``, ``rtt_ms``, ``gpus_per_instance``, ``remote_prices``,
-    ``local_prices``. ``ValidationError`` naming the field on bad values."""
+    ``capacity``, ``demand_rps``, ``ttft_limit_ms``, ``rtt_ms``, ``gpus_per_instance``,
+    ``remote_prices``, ``local_prices``. ``ValidationError`` naming the field on bad values."""
     o = dict(overrides or {})
     body = o.get("scenario", schedule.scenario)
     try:
@@ -174,8 +179,14 @@ def tidal_inputs(schedule: TidalSchedule, overrides: dict[str, Any] | None = Non
         ) from None
     remote_prices = o.get("remote_prices") or site_hourly_prices(schedule.remote_site)
     local_prices = o.get("local_prices") or site_hourly_prices(schedule.local_site)
+    demand = o.get("demand_rps", schedule.demand_rps)
     return TidalInputs(
         scenario=scenario,
+        demand_rps=(
+            validate_hourly(demand, "demand_rps", integer=False, maximum=MAX_DEMAND)
+            if demand
+            else None
+        ),
         remote_prices=validate_hourly(
             remote_prices, "remote_prices", integer=False, maximum=MAX_PRICE
         ),

@@ -14,6 +14,7 @@ from console.schedules.models import (
 WHAT_IF_FIELDS = (
     "scenario",
     "capacity",
+    "demand_rps",
     "ttft_limit_ms",
     "rtt_ms",
     "gpus_per_instance",
@@ -51,6 +52,7 @@ class TidalScheduleSerializer(serializers.ModelSerializer):
             "local_site",
             "gpus_per_instance",
             "capacity",
+            "demand_rps",
             "rtt_ms",
             "rebalance_auto_apply",
             "created_at",
@@ -64,6 +66,7 @@ class WhatIfSerializer(serializers.Serializer):
 
     scenario = serializers.JSONField(required=False)
     capacity = serializers.JSONField(required=False)
+    demand_rps = serializers.JSONField(required=False)
     ttft_limit_ms = serializers.IntegerField(required=False, min_value=1, max_value=3_600_000)
     rtt_ms = serializers.FloatField(required=False, min_value=0, max_value=10_000)
     gpus_per_instance = serializers.IntegerField(required=False, min_value=1, max_value=64)

@@ -86,6 +86,7 @@ def test_what_if_post_overrides_without_saving(tidal, api_as):
         ({"remote_prices": [1.0] * 23 + [-1]}, "remote_prices[23]"),
         ({"scenario": {**case_study(), "decode": {"batch_size": 0}}}, "scenario.decode"),
         ({"ttft_limit_ms": 0}, "ttft_limit_ms"),
+        ({"demand_rps": [1.0] * 23 + [-2]}, "demand_rps[23]"),
         ({"budget": 3}, "budget"),
     ],
 )
@@ -104,6 +105,7 @@ def test_what_if_bad_input_is_a_400_naming_the_field(tidal, api_as, body, field)
         ({"capacity": [2000] * 24}, "capacity[0]"),
         ({"scenario": {"remote": {}}}, "scenario.lengths"),
         ({"gpus_per_instance": 0}, "gpus_per_instance"),
+        ({"demand_rps": [1.0] * 12}, "demand_rps"),
     ],
 )
 def test_schedule_bad_input_is_a_400_naming_the_field(world, api_as, extra, field):
@@ -168,3 +170,15 @@ def test_proposal_actions_need_operator_and_409_when_not_open(tidal, api_as):
     assert response.status_code == 200
     assert response.json()["state"] == "dismissed"
     assert api_as("operator").post(path).status_code == 409
+
+
+def test_what_if_with_a_demand_curve(tidal, api_as):
+    response = api_as("viewer").post(
+        f"/api/tidal-schedules/{tidal.schedule.pk}/what-if/",
+        {"demand_rps": [0.01] * 24},
+        format="json",
+    )
+
+    hours = response.json()["hours"]
+    assert {h["remote_instances"] for h in hours} == {0}  # a trickle: the local pool carries it
+    assert all(h["served_rps"] == 0.01 and h["meets_demand"] for h in hours)

@@ -82,3 +82,31 @@ def test_tables_must_hold_24_values(inputs):
         day_plan(replace(inputs, capacity=[1] * 23))
     with pytest.raises(ValueError, match="remote_prices: every hourly value"):
         day_plan(replace(inputs, remote_prices=[1.0] * 23 + [float("nan")]))
+
+
+def test_a_demand_curve_keeps_quiet_hours_local_and_busy_hours_remote(inputs):
+    local_capacity = day_plan(replace(inputs, capacity=[0] * 24))["hours"][0]["lambda_max_rps"]
+    # Quiet night (all-local carries it), busy day (needs the remote pool), a peak no plan carries.
+    demand = [0.5 * local_capacity] * 8 + [1.5 * local_capacity] * 14 + [100.0] * 2
+
+    plan = day_plan(replace(inputs, demand_rps=demand))
+
+    hours = plan["hours"]
+    assert [h["remote_instances"] for h in hours[:8]] == [0] * 8  # cheap remote, but not needed
+    assert all(h["meets_demand"] for h in hours[:22])
+    assert all(h["remote_instances"] > 0 for h in hours[8:18])
+    assert hours[3]["served_rps"] == pytest.approx(0.5 * local_capacity)
+    # The peak: nothing carries 100 req/s; the plan serves as much as it can, flagged.
+    assert hours[22]["meets_demand"] is False
+    assert hours[22]["remote_instances"] == 4
+    assert plan["totals"]["tidal"]["hours_short_of_demand"] == 2
+    # Cost per million tokens counts the tokens served, not the capacity.
+    tokens_per_request = inputs.scenario.lengths.mean + inputs.scenario.decode.output_tokens
+    assert hours[3]["cost_per_million_tokens"] == pytest.approx(
+        hours[3]["cost_per_hour"] / (hours[3]["served_rps"] * 3600 * tokens_per_request) * 1e6
+    )
+
+
+def test_demand_table_must_hold_24_values(inputs):
+    with pytest.raises(ValueError, match="demand_rps: must hold 24"):
+        day_plan(replace(inputs, demand_rps=[1.0] * 3))
