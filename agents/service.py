@@ -288,8 +288,9 @@ class AgentService:
             return child
 
     async def restart(self, name: str) -> Child:
-        child = self.child(name)
-        await child.restart()
+        async with self._lock_for(name):
+            child = self.child(name)
+            await child.restart()
         await child.wait_settled(self.config.supervision.readiness_timeout_s + 5)
         return child
 
