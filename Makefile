@@ -5,8 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pdbridge-installed
 PYTEST_ARGS ?=
+# Every bench/<part>.py is a benchmark: `make bench-<part>` runs one, `make bench` all.
+BENCHES := $(patsubst bench/%.py,bench-%,$(filter-out bench/__init__.py,$(wildcard bench/*.py)))
 
-.PHONY: run test lint format bench bench-planner bench-gateway bench-console bench-agent protos clean-venv
+.PHONY: install run test lint format bench $(BENCHES) protos clean-venv
 
 $(PY):
 	$(PYTHON_BOOT) -m venv $(VENV)
@@ -38,19 +40,10 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 ## Benchmarks: side-by-side ratios, JSON results under var/bench/.
-bench: bench-planner bench-gateway bench-console bench-agent
+bench: $(BENCHES)
 
-bench-planner: $(STAMP)
-	$(PY) -m bench.planner
-
-bench-gateway: $(STAMP)
-	$(PY) -m bench.gateway
-
-bench-console: $(STAMP)
-	$(PY) -m bench.console
-
-bench-agent: $(STAMP)
-	$(PY) -m bench.agent
+$(BENCHES): bench-%: $(STAMP)
+	$(PY) -m bench.$*
 
 ## Generated gRPC stubs of the KV link and the agent control API (also generated on first
 ## import when missing).
