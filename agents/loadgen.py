@@ -107,6 +107,7 @@ class Profile:
     seed: int = 0
     stream: bool = True
     timeout_s: float = 120.0
+    stop_file: str | None = None  # when this file exists, send nothing more (finish in flight)
 
     def check(self) -> None:
         """ValueError naming the option at fault."""
@@ -225,6 +226,8 @@ async def run(
     def take() -> int | None:
         if time.monotonic() >= deadline:
             return None
+        if profile.stop_file and Path(profile.stop_file).exists():
+            return None
         return next(counter, None)
 
     async def finish(session: aiohttp.ClientSession, index: int) -> None:
@@ -339,6 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-stream", action="store_true", help="non-streamed completions")
     p.add_argument("--timeout-s", type=float, default=120.0, help="per-request limit")
+    p.add_argument(
+        "--stop-file",
+        help="stop sending once this file exists; requests in flight finish and are recorded",
+    )
     p.add_argument("--output", help="JSON lines file (one record per request); default stdout")
     p.add_argument("--summary", help="also write the summary JSON here")
     p.add_argument("--ca", help="CA bundle for an https:// gateway")
@@ -365,6 +372,7 @@ def main(argv: list[str]) -> int:
             seed=args.seed,
             stream=not args.no_stream,
             timeout_s=args.timeout_s,
+            stop_file=args.stop_file,
         )
         profile.check()
         LengthSampler(profile.mix, profile.min_prompt_tokens, profile.max_prompt_tokens, 0)
