@@ -10,6 +10,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,29 @@ def test_http_errors_are_recorded_with_status(engine: EngineProc, tmp_path: Path
 
     assert result.returncode == 1
     assert {(r["status"], r["outcome"]) for r in read_records(out)} == {(400, "http_error")}
+
+
+def test_stop_file_ends_the_run_and_in_flight_requests_are_recorded(
+    engine: EngineProc, tmp_path: Path
+):
+    out, stop = tmp_path / "load.jsonl", tmp_path / "stop"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pdbridge.cli", "loadgen", "--url", engine.url, "--model", "tiny",
+         "--duration-s", "60", "--concurrency", "2", "--mix", "1:30:0.2", "--max-tokens", "2",
+         "--output", str(out), "--stop-file", str(stop)],
+        env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while len(read_records(out)) < 2:
+        assert time.monotonic() < deadline, "no records"
+        time.sleep(0.1)
+
+    stop.touch()
+    stopped_at = time.monotonic()
+    stdout, _ = proc.communicate(timeout=30)
+
+    assert proc.returncode == 0
+    assert time.monotonic() - stopped_at < 20  # well before the 60 s bound
+    records = read_records(out)
+    assert json.loads(stdout)["requests"] == len(records)
+    assert sorted(r["index"] for r in records) == list(range(len(records)))

@@ -15,17 +15,21 @@ from typing import Any
 
 import pytest
 
-from console.deployments.services import pool_create
 from console.drills import services
 from console.drills.models import DrillReport
 from console.runs.models import WorkflowRun
-from tests.console.factories import ModelSpecFactory, NodeFactory, SiteFactory, make_deployment
-from tests.orchestrator.two_sites import PREFILL_CHILD, TwoSites, build_models, two_sites
+from tests.orchestrator.two_sites import (
+    PREFILL_CHILD,
+    TwoSites,
+    build_models,
+    two_site_deployment,
+    two_sites,
+)
 from tests.support import unavailable
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-WINDOWS = {"baseline_s": 3, "fault_s": 4, "after_s": 2, "recover_timeout_s": 40}
+WINDOWS = {"baseline_s": 3, "fault_s": 4, "after_s": 2, "recover_timeout_s": 90}
 LOAD = {"concurrency": 3, "mix": "1:150:0.3", "min_prompt_tokens": 80, "max_prompt_tokens": 300,
         "max_tokens": 6}  # fmt: skip
 
@@ -46,21 +50,10 @@ def worker(start_worker, monkeypatch, tmp_path: Path):
     return start_worker(var_dir=tmp_path / "var", stale_s=20)
 
 
-def _deployment(bed: TwoSites) -> Any:
-    local = SiteFactory(name="local", role="decode")
-    remote = SiteFactory(name="remote", role="prefill")
-    dec = NodeFactory(site=local, hostname="dec-1", agent_address=bed.local_agent.address)
-    pre = NodeFactory(site=remote, hostname="pre-1", agent_address=bed.remote_agent_address)
-    deployment = make_deployment(name="drilled", model=ModelSpecFactory(name="tiny"))
-    pool_create(actor=None, deployment=deployment, role="decode", site=local, nodes=[dec])
-    pool_create(actor=None, deployment=deployment, role="prefill", site=remote, nodes=[pre])
-    return deployment
-
-
 def _run_drill(bed: TwoSites, kind: str) -> tuple[DrillReport, WorkflowRun]:
     drill = services.drill_create(
-        actor=None, name=f"drill-{kind.replace('_', '-')}", deployment=_deployment(bed),
-        kind=kind, load_profile=LOAD, criteria={"max_time_to_recover_s": 40},
+        actor=None, name=f"drill-{kind.replace('_', '-')}", deployment=two_site_deployment(bed.local_agent.address, bed.remote_agent_address),
+        kind=kind, load_profile=LOAD, criteria={"max_time_to_recover_s": 90},
         targets={"gateway_url": bed.gateway_url, "decode_url": bed.decode.url, "model": "tiny",
                  "prefill_child": PREFILL_CHILD, "verify_prompts": [200]},
         **WINDOWS,
@@ -90,7 +83,7 @@ def _check_report(report: DrillReport, run: WorkflowRun) -> dict[str, Any]:
     assert report.time_to_detect_s is not None
     assert report.time_to_recover_s is not None
     assert report.verification["ok"] is True
-    assert {p["match"] for p in report.verification["prompts"]} == {True}
+    assert [(p["path"], p["match"]) for p in report.verification["prompts"]] == [("remote", True)]
     assert all(r["passed"] for r in report.criteria_results)
     assert report.ttft["during"]["fallback"]["n"] > 0
     assert report.timeline["rows"]

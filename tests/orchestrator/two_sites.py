@@ -201,3 +201,19 @@ def _child_port(address: str) -> int:
 
     status = asyncio.run(go())
     return int(next(c.port for c in status.children if c.name == PREFILL_CHILD))
+
+
+def two_site_deployment(local_agent: str, remote_agent: str) -> Any:
+    """Console rows for the two sites: a deployment whose decode pool is ``dec-1`` at ``local``
+    and whose prefill pool is ``pre-1`` at ``remote``, with the given agent addresses."""
+    from console.deployments.services import pool_create
+    from tests.console.factories import ModelSpecFactory, NodeFactory, SiteFactory, make_deployment
+
+    local = SiteFactory(name="local", role="decode")
+    remote = SiteFactory(name="remote", role="prefill")
+    dec = NodeFactory(site=local, hostname="dec-1", agent_address=local_agent)
+    pre = NodeFactory(site=remote, hostname="pre-1", agent_address=remote_agent)
+    deployment = make_deployment(name="drilled", model=ModelSpecFactory(name="tiny"))
+    pool_create(actor=None, deployment=deployment, role="decode", site=local, nodes=[dec])
+    pool_create(actor=None, deployment=deployment, role="prefill", site=remote, nodes=[pre])
+    return deployment
