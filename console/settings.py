@@ -282,6 +282,8 @@ SPECTACULAR_SETTINGS = {
         "UserRoleEnum": "console.core.choices.Role",
         "AlertLevelEnum": "console.alerts.choices.AlertLevel",
         "AlertLayerEnum": "console.alerts.choices.AlertLayer",
+        "DrillKindEnum": "console.drills.choices.DrillKind",
+        "DrillReportStateEnum": "console.drills.choices.ReportState",
     },
 }
 
