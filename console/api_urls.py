@@ -13,4 +13,5 @@ urlpatterns = [
     path("", include("console.planner.api.urls")),
     path("", include("console.schedules.api.urls")),
     path("", include("console.alerts.api.urls")),
+    path("", include("console.drills.api.urls")),
 ]

@@ -39,5 +39,6 @@ app.conf.update(
         "orchestrator.tasks.schedules",
         "orchestrator.tasks.alerts",
         "orchestrator.tasks.housekeeping",
+        "orchestrator.tasks.drills",
     ],
 )

@@ -14,6 +14,8 @@ from types import ModuleType
 
 WORKFLOWS: dict[str, str] = {
     "selfcheck": "orchestrator.workflows.selfcheck",
+    "drill_link_cut": "orchestrator.workflows.drill",
+    "drill_remote_restart": "orchestrator.workflows.drill",
 }
 
 
