@@ -101,7 +101,7 @@ class ReceiverOptions:
     #: An incomplete transfer with no progress for this long is expired and its memory freed.
     ttl_s: float = 30.0
     #: Extra time past a sender's announced deadline before the receiver gives up on it.
-    deadline_grace_s: float = 0.5
+    deadline_grace_s: float = 0.25
     #: Completed transfer ids remembered to refuse reuse.
     remember_completed: int = 65536
     #: gRPC keepalive: ping an idle connection every this many ms (detects dead WAN paths).

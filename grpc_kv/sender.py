@@ -487,18 +487,19 @@ class Transfer:
                 if chunk is None:
                     break
                 await self.link.bucket.take(chunk.wire)
+                if reader.done():  # the stream died while we waited: never sent on it
+                    await self._requeue(chunk, counts=False)
+                    break
+                try:
+                    await call.write(chunk.frame)
+                except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+                    await self._requeue(chunk, counts=True)
+                    break
                 if chunk.sends:
                     self.summary.retransmits += 1
                     self.summary.resent_bytes += chunk.raw
                     self.link.metrics.retransmits.labels(ROLE).inc()
                 chunk.sends += 1
-                if reader.done():
-                    break
-                try:
-                    await call.write(chunk.frame)
-                except (grpc.aio.UsageError, asyncio.InvalidStateError):
-                    await self._requeue(chunk, counts=True)
-                    break
                 self.summary.bytes_wire += chunk.wire
                 self.link.metrics.bytes_wire.labels(ROLE).inc(chunk.wire)
             if not reader.done():
