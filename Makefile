@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pdbridge-installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lint format bench bench-planner protos clean-venv
+.PHONY: run test lint format bench bench-planner bench-kv protos clean-venv
 
 $(PY):
 	$(PYTHON_BOOT) -m venv $(VENV)
@@ -38,10 +38,14 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 ## Benchmarks: side-by-side ratios, JSON results under var/bench/.
-bench: bench-planner
+bench: bench-planner bench-kv
 
 bench-planner: $(STAMP)
 	$(PY) -m bench.planner
+
+## KV link: shaped links (needs root for namespaces), loopback vs TCP, memory. var/bench/kv.json
+bench-kv: $(STAMP)
+	$(PY) -m bench.kv
 
 ## Generated gRPC stubs of the KV link (also generated on first import when missing).
 protos: $(STAMP)

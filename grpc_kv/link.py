@@ -115,7 +115,7 @@ class Link:
         """Push random 1 MiB probe blocks over every connection for ``seconds`` (or until
         ``max_bytes``); returns bytes, seconds (receiver-timed) and bytes_per_s."""
         block = os.urandom(PROBE_BLOCK)
-        frame = b"\x0a" + _varint(len(block)) + block  # ProbeBlock{payload}: field 1, bytes
+        frame = b"\x0a" + varint(len(block)) + block  # ProbeBlock{payload}: field 1, bytes
         budget = (max_bytes or 1 << 62) // len(self.channels)
         stop_at = time.monotonic() + seconds
 
@@ -172,7 +172,8 @@ _MEASURED: dict[str, tuple[float, float]] = {}
 PROBE_BLOCK = 1 << 20
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """Protobuf base-128 varint (frames assembled by hand around big payloads)."""
     out = bytearray()
     while True:
         byte = value & 0x7F

@@ -37,7 +37,7 @@ from grpc_kv.codec import (
     split,
     transfer_digest,
 )
-from grpc_kv.link import EOF, Link
+from grpc_kv.link import EOF, Link, varint
 from grpc_kv.manifest import TransferHeader
 from grpc_kv.options import LinkOptions
 from grpc_kv.protocol import PROTOCOL_VERSION, pb
@@ -109,8 +109,16 @@ class _Chunk:
     queued: bool = False
 
 
-def _encode(data: memoryview, codec: Codec, level: int, kind: Any) -> tuple[bytes, int]:
-    return compress(codec, data, level), checksum(kind, data)
+_PAYLOAD_TAG = b"\x4a"  # Chunk.payload: field 9, length-delimited
+
+
+def _encode(data: memoryview, codec: Codec, level: int, kind: Any, head: Any) -> tuple[bytes, int]:
+    """Build a Chunk frame (blocking): the small fields through protobuf, the payload
+    appended by hand so that uncompressed data is copied once, not three times."""
+    payload: bytes | memoryview = data if codec is Codec.NONE else compress(codec, data, level)
+    head.checksum = checksum(kind, data)
+    frame = b"".join((head.SerializeToString(), _PAYLOAD_TAG, varint(len(payload)), payload))
+    return frame, len(payload)
 
 
 class Transfer:
@@ -279,14 +287,9 @@ class Transfer:
         codec = self.options.compression
         if codec is Codec.AUTO:
             codec = self._auto.choose(piece, await self.link.link_bytes_per_s())
-        args = (piece, codec, self.options.zstd_level, self.options.checksum)
-        if len(piece) > _THREAD_ENCODE_BYTES:
-            payload, raw_sum = await asyncio.to_thread(_encode, *args)
-        else:
-            payload, raw_sum = _encode(*args)
         seq = self._next_seq
         self._next_seq += 1
-        frame = pb.Chunk(
+        head = pb.Chunk(
             transfer_id=self.header.transfer_id,
             seq=seq,
             layer=layer,
@@ -294,10 +297,14 @@ class Transfer:
             layer_final=final,
             codec=CODEC_TO_PB[codec],
             raw_length=len(piece),
-            checksum=raw_sum,
-            payload=payload,
-        ).SerializeToString()
-        chunk = _Chunk(seq, frame, len(piece), len(payload), raw_sum)
+        )
+        args = (piece, codec, self.options.zstd_level, self.options.checksum, head)
+        if len(piece) > _THREAD_ENCODE_BYTES:
+            frame, wire = await asyncio.to_thread(_encode, *args)
+        else:
+            frame, wire = _encode(*args)
+        raw_sum = int(head.checksum)
+        chunk = _Chunk(seq, frame, len(piece), wire, raw_sum)
         self._checksums.append(raw_sum)
         self.summary.codecs[codec.value] = self.summary.codecs.get(codec.value, 0) + 1
         async with self._cond:
