@@ -196,6 +196,16 @@ class AutoCodec:
         self._measured_at = time.monotonic()
         return speeds
 
+    def observe(self, codec: Codec, raw_bytes: int, seconds: float) -> None:
+        """Fold a real encode (raw bytes in ``seconds``, in the sender's pipeline) into the
+        codec's speed: the sample measured alone is optimistic once the transport and the
+        producer compete for the same cores."""
+        if seconds <= 0 or raw_bytes < 4096:
+            return
+        for speed in self._speeds:
+            if speed.codec is codec:
+                speed.bytes_per_s = 0.5 * speed.bytes_per_s + 0.5 * raw_bytes / seconds
+
     def choose(self, data: bytes | memoryview, link_bytes_per_s: float) -> Codec:
         """The codec for this chunk given the link's rate in bytes/s (0 = unknown: zstd)."""
         if len(data) < 4096:

@@ -112,13 +112,18 @@ class _Chunk:
 _PAYLOAD_TAG = b"\x4a"  # Chunk.payload: field 9, length-delimited
 
 
-def _encode(data: memoryview, codec: Codec, level: int, kind: Any, head: Any) -> tuple[bytes, int]:
+def _encode(
+    data: memoryview, codec: Codec, level: int, kind: Any, head: Any
+) -> tuple[bytes, int, float]:
     """Build a Chunk frame (blocking): the small fields through protobuf, the payload
-    appended by hand so that uncompressed data is copied once, not three times."""
+    appended by hand so that uncompressed data is copied once, not three times. Returns
+    (frame, payload length, seconds spent compressing)."""
+    start = time.perf_counter()
     payload: bytes | memoryview = data if codec is Codec.NONE else compress(codec, data, level)
+    spent = time.perf_counter() - start
     head.checksum = checksum(kind, data)
     frame = b"".join((head.SerializeToString(), _PAYLOAD_TAG, varint(len(payload)), payload))
-    return frame, len(payload)
+    return frame, len(payload), spent
 
 
 class Transfer:
@@ -300,9 +305,11 @@ class Transfer:
         )
         args = (piece, codec, self.options.zstd_level, self.options.checksum, head)
         if len(piece) > _THREAD_ENCODE_BYTES:
-            frame, wire = await asyncio.to_thread(_encode, *args)
+            frame, wire, spent = await asyncio.to_thread(_encode, *args)
         else:
-            frame, wire = _encode(*args)
+            frame, wire, spent = _encode(*args)
+        if self.options.compression is Codec.AUTO and codec is not Codec.NONE:
+            self._auto.observe(codec, len(piece), spent)
         raw_sum = int(head.checksum)
         chunk = _Chunk(seq, frame, len(piece), wire, raw_sum)
         self._checksums.append(raw_sum)
