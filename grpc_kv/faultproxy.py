@@ -11,8 +11,9 @@ Toxics (each has ``direction``: ``upstream`` = client->server, ``downstream``, o
 :class:`Latency`, :class:`Bandwidth`, :class:`Slicer`, :class:`Flip` (one byte at chosen
 offsets, or after each distinct occurrence of a pattern), :class:`CloseAfter` (close the
 connection after N bytes). Cuts: ``reset`` closes every connection with RST and refuses
-new ones, ``blackhole`` keeps connections open but forwards nothing (a dead path, like a
-link down), ``refuse`` only refuses new connections. Counters in :attr:`stats`.
+new ones, ``blackhole`` keeps connections open but drops everything (a dead path whose endpoints
+never learn it; bytes sent meanwhile are lost, so those connections stay broken after
+``restore``), ``refuse`` only refuses new connections. Counters in :attr:`stats`.
 
 Used by the KV-link tests, and meant for the gateway tests and drills (``pdbridge kv proxy``).
 Runs in the caller's event loop; nothing blocks. The proxy never raises into its caller for
@@ -235,6 +236,10 @@ class FaultProxy:
             self._handlers.add(handler)
         try:
             await self._handle(reader, writer)
+        except asyncio.CancelledError:
+            # stop() cancels handlers; asyncio's stream callback would log the cancellation
+            # of a connection callback as an error, so end quietly.
+            pass
         finally:
             if handler is not None:
                 self._handlers.discard(handler)

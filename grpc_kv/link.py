@@ -67,8 +67,10 @@ class Link:
         self.tls = tls
         self.metrics = metrics or SENDER_METRICS
         max_message = self.options.chunk_size_bytes + (1 << 20)
-        opts = grpc_options(max(max_message, 64 << 20), self.options.keepalive_ms)
-        self.channels = [self.tls.channel(target, opts) for _ in range(self.options.connections)]
+        self._opts = grpc_options(max(max_message, 64 << 20), self.options.keepalive_ms)
+        self.channels = [
+            self.tls.channel(target, self._opts) for _ in range(self.options.connections)
+        ]
         ceiling = self.options.rate_ceiling_bps / 8
         self.bucket = TokenBucket(ceiling, burst=max(self.options.chunk_size_bytes, ceiling * 0.05))
         self._window_bytes = 0
@@ -92,6 +94,12 @@ class Link:
             request_serializer=None,
             response_deserializer=pb.ProbeReply.FromString,
         )
+
+    def known_bytes_per_s(self) -> float:
+        """The configured rate, else the goodput seen so far (0 = nothing known yet)."""
+        if self.options.link_rate_bps > 0:
+            return self.options.link_rate_bps / 8
+        return self.goodput_bytes_per_s
 
     async def link_bytes_per_s(self) -> float:
         """Link capacity in bytes/s for ``auto`` compression: ``link_rate_bps`` when
@@ -163,6 +171,14 @@ class Link:
         rtt = samples[len(samples) // 2]
         self.metrics.rtt.labels(self.target).set(rtt)
         return rtt
+
+    async def reset(self, index: int) -> None:
+        """Replace connection ``index`` with a new TCP connection: a stalled one may sit on
+        a dead path that neither TCP nor HTTP/2 keepalive has noticed. Calls still on the
+        old channel (other transfers) fail and resume on the new one."""
+        old = self.channels[index]
+        self.channels[index] = self.tls.channel(self.target, self._opts)
+        await old.close(None)
 
     async def close(self) -> None:
         await asyncio.gather(*(channel.close(None) for channel in self.channels))

@@ -59,6 +59,10 @@ _FATAL = {
 }
 
 
+class _StreamStalled(Exception):
+    """A connection had chunks in flight and no ack for the stall timeout."""
+
+
 class TransferError(Exception):
     """A transfer failed; ``code`` is the receiver's gRPC status when it refused."""
 
@@ -193,7 +197,7 @@ class Transfer:
         return base * random.uniform(0.5, 1.5)  # noqa: S311 - jitter, not security
 
     # -- start ---------------------------------------------------------------------------
-    async def _begin(self, resume: bool) -> None:
+    async def _begin(self, resume: bool, index: int = 0) -> None:
         request = pb.BeginRequest(
             protocol_version=PROTOCOL_VERSION,
             header=self.header.to_pb(),
@@ -201,7 +205,7 @@ class Transfer:
             deadline_ms=max(1, int(self.remaining() * 1000)),
             checksum=CHECKSUM_TO_PB[self.options.checksum],
         )
-        reply = await self.link.unary(0, "Begin", pb.BeginReply)(
+        reply = await self.link.unary(index, "Begin", pb.BeginReply)(
             request, timeout=self._rpc_timeout()
         )
         if resume:
@@ -471,11 +475,16 @@ class Transfer:
                 return
             try:
                 if resume:
-                    await self._begin(resume=True)
+                    await self._begin(resume=True, index=index)
                 await self._stream(index)
                 failures = 0
                 resume = False
-            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+            except (
+                grpc.aio.AioRpcError,
+                grpc.aio.UsageError,
+                asyncio.InvalidStateError,
+                _StreamStalled,
+            ) as exc:
                 if isinstance(exc, grpc.aio.AioRpcError):
                     with contextlib.suppress(TransferError):
                         self._handle_rpc_error(exc, "push")
@@ -483,6 +492,11 @@ class Transfer:
                 await self._notify()
                 if self._error is not None:
                     return
+                if isinstance(exc, _StreamStalled) or (
+                    isinstance(exc, grpc.aio.AioRpcError)
+                    and exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+                ):
+                    await self.link.reset(index)
                 resume = True
                 await asyncio.sleep(min(self._backoff(failures), max(self.remaining(), 0)))
                 failures += 1
@@ -531,40 +545,72 @@ class Transfer:
             # Wake the writer of this connection: it must notice the stream ended.
             await self._notify()
 
+    def _stall_timeout(self) -> float:
+        """How long a connection with chunks in flight may go without an ack before it is
+        declared dead (a black-holed path that TCP and HTTP/2 keepalive do not notice):
+        four chunks per connection at the link's rate, at least ``rpc_timeout_ms``. Before
+        the rate is known, only the deadline applies."""
+        rate = self.link.known_bytes_per_s()
+        if rate <= 0:
+            return max(self.remaining(), 0.05)
+        per_conn = 4 * self.options.chunk_size_bytes * len(self.link.channels) / rate
+        return max(self.options.rpc_timeout_ms / 1000, per_conn)
+
     async def _read_loop(self, call: Any, index: int) -> None:
-        while True:
-            ack = await call.read()
-            if ack is EOF:
-                # The server ends a stream only on error (raised above) or after we finished
-                # writing; anything still in flight on it goes around again.
-                await self._requeue_connection(index)
-                return
-            chunk = self._unacked.get(ack.seq)
-            if chunk is None:
-                continue
-            if ack.status == pb.ACK_OK:
-                async with self._cond:
-                    self._acked(chunk)
-                    self._cond.notify_all()
-                self.link.observe_acked(chunk.wire)
-                self.link.metrics.bytes_raw.labels(ROLE).inc(chunk.raw)
-                self.link.metrics.chunks.labels(ROLE).inc()
-            elif ack.status == pb.ACK_CORRUPT:
-                self.summary.checksum_failures += 1
-                self.link.metrics.checksum_failures.labels(ROLE).inc()
-                log.warning(
-                    "chunk_resend transfer_id=%s seq=%d detail=%s",
-                    self.header.transfer_id,
-                    ack.seq,
-                    ack.detail,
-                )
-                await self._requeue(chunk, counts=True)
-            else:  # BUSY: the receiver is over its memory budget; back off, not an attempt
-                self.summary.busy += 1
-                async with self._cond:
-                    self._inflight.pop(chunk.seq, None)
-                    self._cond.notify_all()
-                self._requeue_later(chunk, self._backoff(min(self.summary.busy, 4)))
+        # The server ends a stream only on error (raised by read) or after we finished
+        # writing; anything still in flight on it goes around again.
+        # One read kept pending across timeouts: cancelling a grpc.aio read cancels the RPC.
+        read = asyncio.ensure_future(call.read())
+        try:
+            while True:
+                done, _ = await asyncio.wait({read}, timeout=self._stall_timeout())
+                if not done:
+                    if any(c.conn == index for c in self._inflight.values()):
+                        log.warning(
+                            "stream_stalled transfer_id=%s connection=%d",
+                            self.header.transfer_id,
+                            index,
+                        )
+                        call.cancel()
+                        raise _StreamStalled(f"no ack on connection {index}")
+                    continue
+                ack = read.result()
+                if ack is EOF:
+                    await self._requeue_connection(index)
+                    return
+                read = asyncio.ensure_future(call.read())
+                await self._on_ack(ack)
+        finally:
+            if not read.done():
+                read.cancel()
+
+    async def _on_ack(self, ack: Any) -> None:
+        chunk = self._unacked.get(ack.seq)
+        if chunk is None:
+            return
+        if ack.status == pb.ACK_OK:
+            async with self._cond:
+                self._acked(chunk)
+                self._cond.notify_all()
+            self.link.observe_acked(chunk.wire)
+            self.link.metrics.bytes_raw.labels(ROLE).inc(chunk.raw)
+            self.link.metrics.chunks.labels(ROLE).inc()
+        elif ack.status == pb.ACK_CORRUPT:
+            self.summary.checksum_failures += 1
+            self.link.metrics.checksum_failures.labels(ROLE).inc()
+            log.warning(
+                "chunk_resend transfer_id=%s seq=%d detail=%s",
+                self.header.transfer_id,
+                ack.seq,
+                ack.detail,
+            )
+            await self._requeue(chunk, counts=True)
+        else:  # BUSY: the receiver is over its memory budget; back off, not an attempt
+            self.summary.busy += 1
+            async with self._cond:
+                self._inflight.pop(chunk.seq, None)
+                self._cond.notify_all()
+            self._requeue_later(chunk, self._backoff(min(self.summary.busy, 4)))
 
 
 @contextlib.asynccontextmanager

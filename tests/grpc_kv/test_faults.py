@@ -61,7 +61,8 @@ def test_hundred_chunks_corrupted_in_flight_are_detected_resent_and_never_delive
     assert received == data
 
 
-def test_link_cut_and_restored_within_the_deadline_resumes_resending_at_most_the_window():
+@pytest.mark.parametrize("mode", ["reset", "blackhole"])
+def test_link_cut_and_restored_within_the_deadline_resumes_resending_at_most_the_window(mode):
     chunk, window = 256 * 1024, 4
     data = os.urandom(24 << 20)
     options = LinkOptions(
@@ -81,7 +82,7 @@ def test_link_cut_and_restored_within_the_deadline_resumes_resending_at_most_the
                     < len(data) / 3
                 ):
                     await asyncio.sleep(0.01)
-                proxy.cut("reset")
+                proxy.cut(mode)
                 await asyncio.sleep(0.5)
                 proxy.restore()
 
@@ -98,10 +99,13 @@ def test_link_cut_and_restored_within_the_deadline_resumes_resending_at_most_the
 
     summary, received, resets = run(scenario())
 
-    assert resets >= 1
+    assert resets >= 1 or mode == "blackhole"
     assert received == data
     assert summary.resumes >= 1
-    assert summary.resent_bytes <= window * chunk
+    # A reset kills every connection at once: at most the window goes again. In a black
+    # hole each connection is declared dead on its own stall timer, so a chunk moved from
+    # the first one may go once more over the second before that one is declared dead.
+    assert summary.resent_bytes <= window * chunk * (1 if mode == "reset" else 2)
     assert summary.resent_bytes < len(data) // 10
 
 
