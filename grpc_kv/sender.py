@@ -22,7 +22,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -41,6 +41,13 @@ from grpc_kv.link import EOF, Link, varint
 from grpc_kv.manifest import TransferHeader
 from grpc_kv.options import LinkOptions
 from grpc_kv.protocol import PROTOCOL_VERSION, pb
+from grpc_kv.results import (
+    TransferError,
+    TransferRefused,
+    TransferSummary,
+    TransferTimeout,
+    _StreamStalled,
+)
 from grpc_kv.tls import TLSConfig
 
 log = logging.getLogger("grpc_kv.sender")
@@ -57,47 +64,6 @@ _FATAL = {
     grpc.StatusCode.DATA_LOSS,
     grpc.StatusCode.NOT_FOUND,
 }
-
-
-class _StreamStalled(Exception):
-    """A connection had chunks in flight and no ack for the stall timeout."""
-
-
-class TransferError(Exception):
-    """A transfer failed; ``code`` is the receiver's gRPC status when it refused."""
-
-    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class TransferTimeout(TransferError):
-    """The transfer did not complete within ``timeout_ms``."""
-
-
-class TransferRefused(TransferError):
-    """The receiver refused (fingerprint, version, id reuse, peer not allowed, bad frame)."""
-
-
-@dataclass
-class TransferSummary:
-    """What a finished transfer cost: returned by :meth:`Transfer.finish`."""
-
-    transfer_id: str
-    bytes_raw: int = 0
-    bytes_wire: int = 0
-    chunks: int = 0
-    retransmits: int = 0
-    resent_bytes: int = 0
-    resumes: int = 0
-    checksum_failures: int = 0
-    busy: int = 0
-    seconds: float = 0.0
-    codecs: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def goodput_mbit_s(self) -> float:
-        return self.bytes_raw * 8 / 1e6 / self.seconds if self.seconds else 0.0
 
 
 @dataclass(eq=False, repr=False)  # identity semantics: frames are megabytes
