@@ -1,0 +1,90 @@
+"""Prometheus metrics of the console itself: request counts and latency by view (a
+middleware), and workflow runs by state / nodes by status (read from the database at scrape
+time, so they are right after a restart and across several console processes).
+
+``GET /metrics`` serves them in the text format, without login, like every Prometheus
+target: they carry counts only, never names or data. Put the console behind the proxy's
+allowlist if even counts are sensitive."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+REQUESTS = Counter(
+    "pdbridge_console_requests_total",
+    "HTTP requests served by the console, by view name, method and status code.",
+    ["view", "method", "status"],
+    registry=REGISTRY,
+)
+LATENCY = Histogram(
+    "pdbridge_console_request_seconds",
+    "Time to serve a console request, by view name.",
+    ["view"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY,
+)
+
+
+class StateCollector(Collector):
+    """Runs by state and nodes by status, counted in the database at each scrape."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from django.db.models import Count
+
+        from console.inventory.choices import NodeStatus
+        from console.inventory.models import Node
+        from console.runs.choices import RunState
+        from console.runs.models import WorkflowRun
+
+        runs = GaugeMetricFamily(
+            "pdbridge_console_runs", "Workflow runs by state.", labels=["state"]
+        )
+        counted = dict(WorkflowRun.objects.order_by().values_list("state").annotate(n=Count("id")))
+        for state in RunState.values:
+            runs.add_metric([state], counted.get(state, 0))
+        yield runs
+        nodes = GaugeMetricFamily(
+            "pdbridge_console_nodes", "Registered nodes by heartbeat status.", labels=["status"]
+        )
+        counted = dict(Node.objects.order_by().values_list("status").annotate(n=Count("id")))
+        for status in NodeStatus.values:
+            nodes.add_metric([status], counted.get(status, 0))
+        yield nodes
+
+
+REGISTRY.register(StateCollector())
+
+
+class MetricsMiddleware:
+    """Counts every request by the resolved view's name (``unresolved`` for 404s before
+    routing), so cardinality stays bounded by the URL map."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        started = time.perf_counter()
+        response = self.get_response(request)
+        match = getattr(request, "resolver_match", None)
+        view = (match.view_name or "unnamed") if match is not None else "unresolved"
+        method = request.method if request.method in _METHODS else "other"
+        REQUESTS.labels(view=view, method=method, status=str(response.status_code)).inc()
+        LATENCY.labels(view=view).observe(time.perf_counter() - started)
+        return response
+
+
+_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """The Prometheus scrape endpoint."""
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)

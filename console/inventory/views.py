@@ -1,0 +1,123 @@
+"""Inventory pages: sites, a site with its nodes and links, a node with its heartbeat
+history, a link with its probe history. Reads only (inventory writes are the admin's, through
+the API or the admin site)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db.models import Count, Q
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from console.core.charts import time_chart
+from console.core.pages import page_view, paginate
+from console.inventory.choices import NodeStatus
+from console.inventory.models import Link, Node, Site
+from console.telemetry import names
+from console.telemetry.selectors import series_by_label
+
+HISTORY = timedelta(days=1)
+
+
+@page_view
+@require_GET
+def site_list(request: HttpRequest) -> HttpResponse:
+    sites = Site.objects.annotate(
+        n_nodes=Count("nodes"),
+        n_online=Count("nodes", filter=Q(nodes__status=NodeStatus.ONLINE)),
+    )
+    return render(request, "inventory/site_list.html", {"page": paginate(request, sites)})
+
+
+@page_view
+@require_GET
+def site_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    site = get_object_or_404(Site, pk=pk)
+    nodes = paginate(request, site.nodes.all())
+    links = Link.objects.select_related("from_site", "to_site").filter(
+        Q(from_site=site) | Q(to_site=site)
+    )
+    return render(
+        request, "inventory/site_detail.html", {"site": site, "page": nodes, "links": links}
+    )
+
+
+@page_view
+@require_GET
+def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    node = get_object_or_404(Node.objects.select_related("site"), pk=pk)
+    since = timezone.now() - HISTORY
+    history = series_by_label(
+        subject=node,
+        names=[names.NODE_CLOCK_SKEW_MS, names.NODE_CHILDREN_HEALTHY, names.NODE_CHILDREN_TOTAL],
+        since=since,
+    )
+    hint = "Each heartbeat of the node's agent adds a point."
+    charts = [
+        time_chart(
+            title="Supervised processes (healthy / total)",
+            lines={
+                "healthy": history.get((names.NODE_CHILDREN_HEALTHY, ""), []),
+                "total": history.get((names.NODE_CHILDREN_TOTAL, ""), []),
+            },
+            y_title="processes",
+            hint=hint,
+            step=True,
+        ),
+        time_chart(
+            title="Clock skew against the console",
+            lines={"skew": history.get((names.NODE_CLOCK_SKEW_MS, ""), [])},
+            y_title="ms",
+            hint=hint,
+        ),
+    ]
+    pools = node.pools.select_related("deployment")
+    return render(
+        request,
+        "inventory/node_detail.html",
+        {
+            "node": node,
+            "charts": charts,
+            "pools": pools,
+            "beats": len(history.get((names.NODE_CLOCK_SKEW_MS, ""), [])),
+        },
+    )
+
+
+@page_view
+@require_GET
+def link_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    link = get_object_or_404(Link.objects.select_related("from_site", "to_site"), pk=pk)
+    since = timezone.now() - HISTORY
+    history = series_by_label(
+        subject=link,
+        names=[names.LINK_MEASURED_MBIT_S, names.LINK_RTT_MS, names.LINK_UTILIZATION],
+        since=since,
+    )
+    hint = "Bandwidth probes (deployment step 2, pdbridge kv probe) and the kv-link's counters add points."
+    charts = [
+        time_chart(
+            title="Measured bandwidth",
+            lines={"measured": history.get((names.LINK_MEASURED_MBIT_S, ""), [])},
+            y_title="Mbit/s",
+            hint=hint,
+            limits={"provisioned": float(link.provisioned_mbit_s)},
+        ),
+        time_chart(
+            title="Round-trip time",
+            lines={"rtt": history.get((names.LINK_RTT_MS, ""), [])},
+            y_title="ms",
+            hint=hint,
+        ),
+        time_chart(
+            title="Utilisation against the ceiling",
+            lines={"utilisation": history.get((names.LINK_UTILIZATION, ""), [])},
+            y_title="share of link",
+            hint=hint,
+            limits={"ceiling": link.utilization_ceiling},
+        ),
+    ]
+    return render(request, "inventory/link_detail.html", {"link": link, "charts": charts})
