@@ -82,7 +82,7 @@ def _overview_sites() -> list[dict[str, Any]]:
         n_unknown=Count("nodes", filter=Q(nodes__status=NodeStatus.UNKNOWN)),
         n_nodes=Count("nodes"),
         n_accelerators=Sum("nodes__accelerator_count"),
-    )
+    ).order_by("name")
     return list(sites)
 
 

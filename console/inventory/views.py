@@ -28,7 +28,7 @@ def site_list(request: HttpRequest) -> HttpResponse:
     sites = Site.objects.annotate(
         n_nodes=Count("nodes"),
         n_online=Count("nodes", filter=Q(nodes__status=NodeStatus.ONLINE)),
-    )
+    ).order_by("name")
     return render(request, "inventory/site_list.html", {"page": paginate(request, sites)})
 
 

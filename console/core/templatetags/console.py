@@ -51,7 +51,7 @@ def _scalar(value: Any) -> str:
         css = "good" if value else "bad"
         return format_html('<span class="badge {}">{}</span>', css, "yes" if value else "no")
     if value is None:
-        return format_html('<span class="muted">-</span>')
+        return mark_safe('<span class="muted">-</span>')
     if isinstance(value, float):
         return escape(f"{value:.6g}")
     return escape(str(value))
@@ -62,7 +62,7 @@ def _render(value: Any, depth: int) -> str:
         return format_html("<code>{}</code>", json.dumps(value, default=str)[:500])
     if isinstance(value, dict):
         if not value:
-            return format_html('<span class="muted">(empty)</span>')
+            return mark_safe('<span class="muted">(empty)</span>')
         # _render's output is built only from escaped parts, so it is marked safe as a whole.
         rows = "".join(
             format_html("<tr><th>{}</th><td>{}</td></tr>", key, mark_safe(_render(item, depth + 1)))  # noqa: S308
