@@ -37,6 +37,10 @@ LATENCY = Histogram(
 class StateCollector(Collector):
     """Runs by state and nodes by status, counted in the database at each scrape."""
 
+    def describe(self) -> list[GaugeMetricFamily]:
+        # Registration must not query the database (it happens at import time).
+        return []
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
         from django.db.models import Count
 
