@@ -58,6 +58,7 @@ def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
             x_title="prompt tokens",
             y_title="MiB",
             log_x=True,
+            log_y=True,
         )
     deployments = model.deployments.all()
     context = {

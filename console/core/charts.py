@@ -42,10 +42,12 @@ def time_chart(
     hint: str,
     limits: dict[str, float] | None = None,
     step: bool = False,
+    from_zero: bool = False,
     height: int = 260,
 ) -> str:
     """Lines over time (one per key of ``lines``), with optional horizontal limit lines
-    (``{"ceiling": 0.7}``). ``hint`` says where the data comes from when there is none."""
+    (``{"ceiling": 0.7}``). A line named after a path (``remote``, ``local p99``) takes that
+    path's colour, dashed for p99. ``hint`` says where the data comes from when there is none."""
     if not any(lines.values()):
         return empty_chart(title, hint)
     import plotly.graph_objects as go  # heavy import, only for pages that draw
@@ -60,7 +62,11 @@ def time_chart(
                 y=[value for _, value in points],
                 name=name,
                 mode="lines+markers" if len(points) < 60 else "lines",
-                line={"shape": "hv" if step else "linear", "color": PATH_COLOURS.get(name)},
+                line={
+                    "shape": "hv" if step else "linear",
+                    "color": PATH_COLOURS.get(name.split(" ")[0]),
+                    "dash": "dot" if name.endswith(" p99") else "solid",
+                },
                 marker={"size": 4},
             )
         )
@@ -74,6 +80,7 @@ def time_chart(
     fig.update_layout(
         title={"text": title, "font": {"size": 14}},
         yaxis_title=y_title,
+        yaxis_rangemode="tozero" if from_zero else "normal",
         height=height,
         margin={"l": 55, "r": 15, "t": 40, "b": 35},
         legend={"orientation": "h", "y": -0.2},
@@ -89,6 +96,7 @@ def xy_chart(
     x_title: str,
     y_title: str,
     log_x: bool = False,
+    log_y: bool = False,
     height: int = 320,
 ) -> str:
     """Lines of (x, y) points, e.g. KV bytes against prompt tokens."""
@@ -102,6 +110,7 @@ def xy_chart(
         xaxis_title=x_title,
         yaxis_title=y_title,
         xaxis_type="log" if log_x else "linear",
+        yaxis_type="log" if log_y else "linear",
         height=height,
         margin={"l": 60, "r": 15, "t": 40, "b": 40},
         legend={"orientation": "h", "y": -0.25},

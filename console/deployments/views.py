@@ -94,6 +94,7 @@ def _charts(deployment: Deployment, pools: list[Pool]) -> list[str]:
             lines={"success": data.get((names.SUCCESS, ""), [])},
             y_title="share",
             hint=hint,
+            from_zero=True,
         ),
         time_chart(
             title="Effective threshold",
@@ -118,6 +119,7 @@ def _charts(deployment: Deployment, pools: list[Pool]) -> list[str]:
                 y_title="share of link",
                 hint="The kv-link's byte counters are recorded here as KV moves.",
                 limits={"ceiling": deployment.link_utilization_ceiling},
+                from_zero=True,
             )
         )
     return charts

@@ -118,6 +118,7 @@ def link_detail(request: HttpRequest, pk: int) -> HttpResponse:
             y_title="share of link",
             hint=hint,
             limits={"ceiling": link.utilization_ceiling},
+            from_zero=True,
         ),
     ]
     return render(request, "inventory/link_detail.html", {"link": link, "charts": charts})

@@ -13,7 +13,8 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from console.deployments.models import Deployment
-from console.inventory.models import Link
+from console.inventory.models import Link, Node
+from console.inventory.services import node_heartbeat
 from console.telemetry import names
 from console.telemetry.services import sample_record
 
@@ -116,10 +117,23 @@ def _register_system(page: Any, base: str, token: str) -> dict[str, Any]:
 
 
 def _record_traffic(ids: dict[str, Any]) -> None:
-    """What the gateway and kv-link would report: a few minutes of history."""
+    """What the agents, the gateway and the kv-link would report: heartbeats and a few
+    minutes of history."""
     deployment = Deployment.objects.get(pk=ids["deployment"])
     link = Link.objects.get(pk=ids["link"])
     now = timezone.now()
+    expiry = (now + timedelta(days=80)).isoformat()
+    for node in Node.objects.all():
+        engine = "decode-engine" if node.site.name == "local" else "prefill-engine"
+        node_heartbeat(
+            node=node,
+            agent_version="0.1.0",
+            clock=now,
+            capacity={"accelerators": 8, "tls": {"mtls": True, "cert_not_after": expiry}},
+            children=[{"name": "engine", "kind": engine, "state": "running", "healthy": True}],
+            faults=[],
+            config_versions={},
+        )
     for i in range(20):
         at = now - timedelta(seconds=15 * (20 - i))
         for path, base in [("remote", 0.25), ("local", 0.6), ("fallback", 0.9)]:
@@ -140,7 +154,7 @@ def _record_traffic(ids: dict[str, Any]) -> None:
             sample_record(
                 subject=deployment,
                 name=names.TPOT,
-                value=0.02 + 0.001 * (i % 3),
+                value=base / 20 + 0.001 * (i % 3),
                 labels={"path": path},
                 at=at,
             )

@@ -46,6 +46,21 @@ def human_bytes(value: Any) -> str:
     return f"{size:.1f} TiB"
 
 
+@register.filter
+def thousands(value: Any) -> str:
+    """1234567 -> 1,234,567 (no locale dependence)."""
+    try:
+        return f"{int(value):,}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+@register.filter
+def as_json(value: Any) -> str:
+    """A config value as compact JSON (None -> null), for diffs."""
+    return json.dumps(value, default=str, sort_keys=True)
+
+
 def _scalar(value: Any) -> str:
     if isinstance(value, bool):
         css = "good" if value else "bad"
@@ -53,7 +68,8 @@ def _scalar(value: Any) -> str:
     if value is None:
         return mark_safe('<span class="muted">-</span>')
     if isinstance(value, float):
-        return escape(f"{value:.6g}")
+        # Six significant digits, except for large values (epoch times, byte counts).
+        return escape(f"{value:.6g}" if abs(value) < 1e6 else f"{value:.3f}")
     return escape(str(value))
 
 
