@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -41,28 +42,39 @@ class StateCollector(Collector):
         # Registration must not query the database (it happens at import time).
         return []
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    @staticmethod
+    def _by_field(
+        name: str, doc: str, queryset: Any, field: str, values: list[str]
+    ) -> GaugeMetricFamily:
+        """One gauge per value of ``field`` (zero for values with no rows), one query."""
         from django.db.models import Count
 
+        family = GaugeMetricFamily(name, doc, labels=[field])
+        counted = dict(queryset.order_by().values_list(field).annotate(n=Count("id")))
+        for value in values:
+            family.add_metric([value], counted.get(value, 0))
+        return family
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         from console.inventory.choices import NodeStatus
         from console.inventory.models import Node
         from console.runs.choices import RunState
         from console.runs.models import WorkflowRun
 
-        runs = GaugeMetricFamily(
-            "pdbridge_console_runs", "Workflow runs by state.", labels=["state"]
+        yield self._by_field(
+            "pdbridge_console_runs",
+            "Workflow runs by state.",
+            WorkflowRun.objects.all(),
+            "state",
+            list(RunState.values),
         )
-        counted = dict(WorkflowRun.objects.order_by().values_list("state").annotate(n=Count("id")))
-        for state in RunState.values:
-            runs.add_metric([state], counted.get(state, 0))
-        yield runs
-        nodes = GaugeMetricFamily(
-            "pdbridge_console_nodes", "Registered nodes by heartbeat status.", labels=["status"]
+        yield self._by_field(
+            "pdbridge_console_nodes",
+            "Registered nodes by heartbeat status.",
+            Node.objects.all(),
+            "status",
+            list(NodeStatus.values),
         )
-        counted = dict(Node.objects.order_by().values_list("status").annotate(n=Count("id")))
-        for status in NodeStatus.values:
-            nodes.add_metric([status], counted.get(status, 0))
-        yield nodes
 
 
 REGISTRY.register(StateCollector())

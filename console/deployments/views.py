@@ -28,6 +28,7 @@ from console.deployments.readiness import readiness
 from console.inventory.models import Link, Node
 from console.runs.models import WorkflowRun
 from console.telemetry import names
+from console.telemetry.charts import ChartSpec, history_charts
 from console.telemetry.selectors import series_by_label
 
 CHART_WINDOW = timedelta(hours=6)
@@ -111,16 +112,19 @@ def _charts(deployment: Deployment, pools: list[Pool]) -> list[str]:
         from_site_id__in=prefill, to_site_id__in=decode
     )
     for link in links:
-        util = series_by_label(subject=link, names=[names.LINK_UTILIZATION], since=since)
-        charts.append(
-            time_chart(
-                title=f"Link {link.from_site.name} utilisation against its ceiling",
-                lines={"utilisation": util.get((names.LINK_UTILIZATION, ""), [])},
-                y_title="share of link",
-                hint="The kv-link's byte counters are recorded here as KV moves.",
-                limits={"ceiling": deployment.link_utilization_ceiling},
-                from_zero=True,
-            )
+        charts += history_charts(
+            subject=link,
+            since=since,
+            hint="The kv-link's byte counters are recorded here as KV moves.",
+            specs=[
+                ChartSpec(
+                    f"Link {link.from_site.name} utilisation against its ceiling",
+                    {"utilisation": names.LINK_UTILIZATION},
+                    "share of link",
+                    limits={"ceiling": deployment.link_utilization_ceiling},
+                    from_zero=True,
+                )
+            ],
         )
     return charts
 

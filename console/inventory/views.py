@@ -12,12 +12,12 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from console.core.charts import time_chart
 from console.core.pages import page_view, paginate
 from console.inventory.choices import NodeStatus
 from console.inventory.models import Link, Node, Site
 from console.telemetry import names
-from console.telemetry.selectors import series_by_label
+from console.telemetry.charts import ChartSpec, history_charts
+from console.telemetry.models import MetricSample
 
 HISTORY = timedelta(days=1)
 
@@ -50,40 +50,32 @@ def site_detail(request: HttpRequest, pk: int) -> HttpResponse:
 def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
     node = get_object_or_404(Node.objects.select_related("site"), pk=pk)
     since = timezone.now() - HISTORY
-    history = series_by_label(
+    charts = history_charts(
         subject=node,
-        names=[names.NODE_CLOCK_SKEW_MS, names.NODE_CHILDREN_HEALTHY, names.NODE_CHILDREN_TOTAL],
         since=since,
+        hint="Each heartbeat of the node's agent adds a point.",
+        specs=[
+            ChartSpec(
+                "Supervised processes (healthy / total)",
+                {"healthy": names.NODE_CHILDREN_HEALTHY, "total": names.NODE_CHILDREN_TOTAL},
+                "processes",
+                step=True,
+                from_zero=True,
+            ),
+            ChartSpec("Clock skew against the console", {"skew": names.NODE_CLOCK_SKEW_MS}, "ms"),
+        ],
     )
-    hint = "Each heartbeat of the node's agent adds a point."
-    charts = [
-        time_chart(
-            title="Supervised processes (healthy / total)",
-            lines={
-                "healthy": history.get((names.NODE_CHILDREN_HEALTHY, ""), []),
-                "total": history.get((names.NODE_CHILDREN_TOTAL, ""), []),
-            },
-            y_title="processes",
-            hint=hint,
-            step=True,
-        ),
-        time_chart(
-            title="Clock skew against the console",
-            lines={"skew": history.get((names.NODE_CLOCK_SKEW_MS, ""), [])},
-            y_title="ms",
-            hint=hint,
-        ),
-    ]
+    beats = MetricSample.objects.filter(
+        subject_type="inventory.node",
+        subject_id=str(node.pk),
+        name=names.NODE_CLOCK_SKEW_MS,
+        at__gte=since,
+    ).count()
     pools = node.pools.select_related("deployment")
     return render(
         request,
         "inventory/node_detail.html",
-        {
-            "node": node,
-            "charts": charts,
-            "pools": pools,
-            "beats": len(history.get((names.NODE_CLOCK_SKEW_MS, ""), [])),
-        },
+        {"node": node, "charts": charts, "pools": pools, "beats": beats},
     )
 
 
@@ -91,34 +83,26 @@ def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @require_GET
 def link_detail(request: HttpRequest, pk: int) -> HttpResponse:
     link = get_object_or_404(Link.objects.select_related("from_site", "to_site"), pk=pk)
-    since = timezone.now() - HISTORY
-    history = series_by_label(
+    charts = history_charts(
         subject=link,
-        names=[names.LINK_MEASURED_MBIT_S, names.LINK_RTT_MS, names.LINK_UTILIZATION],
-        since=since,
+        since=timezone.now() - HISTORY,
+        hint="Bandwidth probes (deployment step 2, pdbridge kv probe) and the kv-link's "
+        "counters add points.",
+        specs=[
+            ChartSpec(
+                "Measured bandwidth",
+                {"measured": names.LINK_MEASURED_MBIT_S},
+                "Mbit/s",
+                limits={"provisioned": float(link.provisioned_mbit_s)},
+            ),
+            ChartSpec("Round-trip time", {"rtt": names.LINK_RTT_MS}, "ms"),
+            ChartSpec(
+                "Utilisation against the ceiling",
+                {"utilisation": names.LINK_UTILIZATION},
+                "share of link",
+                limits={"ceiling": link.utilization_ceiling},
+                from_zero=True,
+            ),
+        ],
     )
-    hint = "Bandwidth probes (deployment step 2, pdbridge kv probe) and the kv-link's counters add points."
-    charts = [
-        time_chart(
-            title="Measured bandwidth",
-            lines={"measured": history.get((names.LINK_MEASURED_MBIT_S, ""), [])},
-            y_title="Mbit/s",
-            hint=hint,
-            limits={"provisioned": float(link.provisioned_mbit_s)},
-        ),
-        time_chart(
-            title="Round-trip time",
-            lines={"rtt": history.get((names.LINK_RTT_MS, ""), [])},
-            y_title="ms",
-            hint=hint,
-        ),
-        time_chart(
-            title="Utilisation against the ceiling",
-            lines={"utilisation": history.get((names.LINK_UTILIZATION, ""), [])},
-            y_title="share of link",
-            hint=hint,
-            limits={"ceiling": link.utilization_ceiling},
-            from_zero=True,
-        ),
-    ]
     return render(request, "inventory/link_detail.html", {"link": link, "charts": charts})

@@ -229,6 +229,7 @@ def test_operator_runs_selfcheck_flips_kill_switch_and_sees_charts(
     for name, path in [
         ("model", f"/models/{ids['model']}/"),
         ("link", f"/links/{ids['link']}/"),
+        ("node", f"/nodes/{ids['node']}/"),
         ("runs", "/runs/"),
         ("security", "/security/"),
         ("audit", "/audit/"),
