@@ -179,3 +179,19 @@ def test_retry_button_on_a_failed_run(client_as, pages):
     assert "database unreachable" in html
     assert html.count('class="retry"') == 3
     assert "hx-trigger" not in html  # a failed run is not live: no polling
+
+
+def test_workflow_buttons_appear_only_for_routed_actions(client_as, pages, settings):
+    dep = pages.world.deployment
+    before = client_as("operator").get(f"/deployments/{dep.pk}/").content.decode()
+    settings.ROOT_URLCONF = "tests.console.pages.urls_with_workflows"
+
+    after = client_as("operator").get(f"/deployments/{dep.pk}/").content.decode()
+    viewer = client_as("viewer").get(f"/deployments/{dep.pk}/").content.decode()
+
+    assert 'class="workflow"' not in before
+    assert f'hx-post="/api/deployments/{dep.pk}/deploy/"' in after
+    assert f'hx-post="/api/deployments/{dep.pk}/drill/"' in after
+    assert "/canary/" not in after  # not routed: no button
+    assert 'class="workflow"' not in viewer
+    assert "no successful drill in the last 7 days" in after  # drills exist: computed, fails
