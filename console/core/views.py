@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET
 
 from console.core.models import AuditLog
 from console.core.pages import page_view, paginate
+from console.core.panels import overview_panels
 from console.deployments.choices import DeploymentState
 from console.deployments.models import Deployment, Pool
 from console.inventory.choices import NodeStatus
@@ -126,6 +127,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "links": links,
         "deployments": deployments,
         "active_runs": active,
+        "panels": overview_panels(request),
     }
     return render(request, "core/overview.html", context)
 

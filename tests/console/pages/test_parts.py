@@ -174,3 +174,32 @@ def test_base_layout_loads_local_assets_only(client_as, db):
     assert "http://" not in html.split("<body")[0]
     assert "https://" not in html.split("<body")[0]
     assert Template("{% load console %}{{ x|state_class }}").render(Context({"x": "ok"})) == "good"
+
+
+def test_overview_panels_registered_by_features_render_for_their_role(client_as, db, settings):
+    from pathlib import Path
+
+    from console.core.panels import (
+        OverviewPanel,
+        overview_panel_register,
+        overview_panel_unregister,
+    )
+
+    engine = dict(settings.TEMPLATES[0])
+    engine["DIRS"] = [*engine["DIRS"], Path(__file__).parent / "templates"]
+    settings.TEMPLATES = [engine]
+    overview_panel_register(
+        OverviewPanel("things", "Things", "tests/panel.html", lambda request: {"count": 3})
+    )
+    overview_panel_register(
+        OverviewPanel("secret", "Secret", "tests/panel.html", dict, role="admin")
+    )
+    try:
+        viewer = client_as("viewer").get("/").content.decode()
+    finally:
+        overview_panel_unregister("things")
+        overview_panel_unregister("secret")
+
+    assert "<h2>Things</h2>" in viewer
+    assert "3 things for viewer" in viewer
+    assert "Secret" not in viewer
