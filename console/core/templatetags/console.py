@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from django import template
+from django.urls import NoReverseMatch, reverse
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
 
@@ -44,6 +45,29 @@ def human_bytes(value: Any) -> str:
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1024
     return f"{size:.1f} TiB"
+
+
+# Page of each object type the audit log can link to.
+_OBJECT_PAGES = {
+    "inventory.site": "site-page",
+    "inventory.node": "node-page",
+    "inventory.link": "link-page",
+    "catalog.modelspec": "model-page",
+    "deployments.deployment": "deployment-page",
+    "runs.workflowrun": "run-page",
+}
+
+
+@register.simple_tag
+def object_url(object_type: str, object_id: str) -> str:
+    """The console page of an audited object, or "" when it has none (or the id is odd)."""
+    name = _OBJECT_PAGES.get(object_type)
+    if name is None or not str(object_id).isdigit():
+        return ""
+    try:
+        return reverse(name, args=[int(object_id)])
+    except NoReverseMatch:
+        return ""
 
 
 @register.filter

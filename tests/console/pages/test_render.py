@@ -95,6 +95,7 @@ def test_audit_log_paginates(client_as, pages):
     first = client.get("/audit/?verb=kill_switch").content.decode()
 
     assert "page 1 of 2 (60 in all)" in first
+    assert f'href="/deployments/{pages.world.deployment.pk}/"' in first  # entries link to pages
 
 
 def test_pages_need_login_and_a_role(client, client_as, pages):
