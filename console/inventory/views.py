@@ -4,7 +4,7 @@ the API or the admin site)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
@@ -12,6 +12,7 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from console.core.charts import time_chart
 from console.core.pages import page_view, paginate
 from console.inventory.choices import NodeStatus
 from console.inventory.models import Link, Node, Site
@@ -37,11 +38,32 @@ def site_list(request: HttpRequest) -> HttpResponse:
 def site_detail(request: HttpRequest, pk: int) -> HttpResponse:
     site = get_object_or_404(Site, pk=pk)
     nodes = paginate(request, site.nodes.all())
-    links = Link.objects.select_related("from_site", "to_site").filter(
-        Q(from_site=site) | Q(to_site=site)
+    links = list(
+        Link.objects.select_related("from_site", "to_site").filter(
+            Q(from_site=site) | Q(to_site=site)
+        )
+    )
+    # One query for the bandwidth history of every link of the site.
+    samples = MetricSample.objects.filter(
+        subject_type="inventory.link",
+        subject_id__in=[str(link.pk) for link in links],
+        name=names.LINK_MEASURED_MBIT_S,
+        at__gte=timezone.now() - HISTORY,
+    ).order_by("at", "id")[:5000]
+    label = {str(link.pk): f"{link.from_site.name} → {link.to_site.name}" for link in links}
+    lines: dict[str, list[tuple[datetime, float]]] = {name: [] for name in label.values()}
+    for sample in samples.values_list("subject_id", "at", "value"):
+        lines[label[sample[0]]].append((sample[1], sample[2]))
+    chart = time_chart(
+        title="Measured bandwidth of the site's links",
+        lines=lines,
+        y_title="Mbit/s",
+        hint="Bandwidth probes of the links add points.",
     )
     return render(
-        request, "inventory/site_detail.html", {"site": site, "page": nodes, "links": links}
+        request,
+        "inventory/site_detail.html",
+        {"site": site, "page": nodes, "links": links, "chart": chart},
     )
 
 

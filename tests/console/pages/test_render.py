@@ -63,6 +63,7 @@ def test_every_page_renders_with_thousands_of_runs_and_samples(
     assert html["deployment"].count("plotly-graph-div") >= 5  # ttft, tpot, success, threshold, link
     assert html["link"].count("plotly-graph-div") == 3
     assert html["node"].count("plotly-graph-div") == 2
+    assert html["site"].count("plotly-graph-div") == 1
     assert "remote 33 %" in html["overview"]  # equal traffic on the three paths
     assert "page 1 of 61" in html["runs"]  # 3001 runs, 50 a page
 
