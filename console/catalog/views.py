@@ -22,6 +22,7 @@ CHART_TOKENS = [256 * 2**i for i in range(13)]
 @page_view
 @require_GET
 def model_list(request: HttpRequest) -> HttpResponse:
+    """The model catalog, paginated."""
     models = ModelSpec.objects.all()
     return render(request, "catalog/model_list.html", {"page": paginate(request, models)})
 
@@ -37,6 +38,7 @@ def _layer_summary(arch: dict[str, Any]) -> list[dict[str, Any]]:
 @page_view
 @require_GET
 def model_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One model: layer groups, KV size against prompt length next to its dense equivalent."""
     model = get_object_or_404(ModelSpec, pk=pk)
     chart, table, error = "", [], ""
     try:

@@ -41,6 +41,7 @@ def overview_panel_register(panel: OverviewPanel) -> None:
 
 
 def overview_panel_unregister(key: str) -> None:
+    """Remove a panel (tests, apps that disable a feature)."""
     _PANELS.pop(key, None)
 
 

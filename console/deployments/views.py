@@ -59,6 +59,7 @@ def _workflow_buttons(pk: int) -> list[dict[str, str]]:
 @page_view
 @require_GET
 def deployment_list(request: HttpRequest) -> HttpResponse:
+    """Every deployment with its pools, routing settings and kill switch, paginated."""
     deployments = Deployment.objects.select_related("model").prefetch_related(
         Prefetch("pools", queryset=Pool.objects.select_related("site"))
     )
@@ -132,6 +133,7 @@ def _charts(deployment: Deployment, pools: list[Pool]) -> list[str]:
 @page_view
 @require_GET
 def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One deployment: routing, actions, readiness, pools, live charts, runs, config history."""
     deployment = get_object_or_404(Deployment.objects.select_related("model"), pk=pk)
     pools = list(
         deployment.pools.select_related("site").prefetch_related(

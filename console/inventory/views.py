@@ -26,6 +26,7 @@ HISTORY = timedelta(days=1)
 @page_view
 @require_GET
 def site_list(request: HttpRequest) -> HttpResponse:
+    """Sites with node counts, paginated."""
     sites = Site.objects.annotate(
         n_nodes=Count("nodes"),
         n_online=Count("nodes", filter=Q(nodes__status=NodeStatus.ONLINE)),
@@ -36,6 +37,7 @@ def site_list(request: HttpRequest) -> HttpResponse:
 @page_view
 @require_GET
 def site_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One site: its nodes (paginated), its links and their bandwidth history."""
     site = get_object_or_404(Site, pk=pk)
     nodes = paginate(request, site.nodes.all())
     links = list(
@@ -70,6 +72,7 @@ def site_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @page_view
 @require_GET
 def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One node: hardware, its last heartbeat's report, pools, heartbeat history charts."""
     node = get_object_or_404(Node.objects.select_related("site"), pk=pk)
     since = timezone.now() - HISTORY
     charts = history_charts(
@@ -104,6 +107,7 @@ def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @page_view
 @require_GET
 def link_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One link: latest probe and its bandwidth, RTT and utilisation history."""
     link = get_object_or_404(Link.objects.select_related("from_site", "to_site"), pk=pk)
     charts = history_charts(
         subject=link,

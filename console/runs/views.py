@@ -23,6 +23,7 @@ POLL_SECONDS = 2
 @page_view
 @require_GET
 def run_list(request: HttpRequest) -> HttpResponse:
+    """Runs, newest first, filterable by state and kind; operators start standalone workflows here."""
     runs = WorkflowRun.objects.select_related("created_by").prefetch_related("steps")
     state = request.GET.get("state", "")
     kind = request.GET.get("kind", "")
@@ -58,6 +59,7 @@ def _run_context(pk: int) -> dict[str, object]:
 @page_view
 @require_GET
 def run_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One run with its steps; the steps fragment polls itself while the run is live."""
     return render(request, "runs/run_detail.html", _run_context(pk))
 
 
@@ -87,6 +89,7 @@ def run_start(request: HttpRequest) -> HttpResponse:
 
 @action_view(Role.OPERATOR)
 def run_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    """Form POST: ask the run to stop at its next step boundary (409s become a message)."""
     run = get_object_or_404(WorkflowRun, pk=pk)
     try:
         services.run_cancel(actor=request.user, run=run)
