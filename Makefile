@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pdbridge-installed
 PYTEST_ARGS ?=
 
-.PHONY: run test lint format bench bench-planner bench-gateway protos clean-venv
+.PHONY: run test lint format bench bench-planner bench-gateway bench-console protos clean-venv
 
 $(PY):
 	$(PYTHON_BOOT) -m venv $(VENV)
@@ -38,13 +38,16 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 ## Benchmarks: side-by-side ratios, JSON results under var/bench/.
-bench: bench-planner bench-gateway
+bench: bench-planner bench-gateway bench-console
 
 bench-planner: $(STAMP)
 	$(PY) -m bench.planner
 
 bench-gateway: $(STAMP)
 	$(PY) -m bench.gateway
+
+bench-console: $(STAMP)
+	$(PY) -m bench.console
 
 ## Generated gRPC stubs of the KV link (also generated on first import when missing).
 protos: $(STAMP)

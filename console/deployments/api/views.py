@@ -122,6 +122,7 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
             SessionAuthentication,
         ],
         permission_classes=[ConfigReadPermission],
+        filter_backends=[],  # the hot polling path: list filters do not apply to one object
     )
     def config(self, request: Request, pk: str | None = None) -> Response:
         """The config document data-plane components poll (docs/api.md). ``ETag`` is the
