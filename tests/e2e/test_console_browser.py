@@ -113,6 +113,13 @@ def _register_system(page: Any, base: str, token: str) -> dict[str, Any]:
         "pools/",
         {"deployment": dep["id"], "role": "prefill", "site": remote["id"], "nodes": [pre["id"]]},
     )
+    # Canary dial at 60 %, as the recorded traffic below assumes.
+    response = page.request.patch(
+        f"{base}/api/deployments/{dep['id']}/",
+        data={"remote_share_percent": 60},
+        headers={"Authorization": f"Token {token}"},
+    )
+    assert response.status == 200, response.text()
     return {"deployment": dep["id"], "model": model["id"], "link": link["id"], "node": dec["id"]}
 
 
