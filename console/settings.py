@@ -144,6 +144,15 @@ PDBRIDGE_STEP_STALE_S = _env_int("PDBRIDGE_STEP_STALE_S", 60, minimum=1)
 HEARTBEAT_INTERVAL_S = _env_int("PDBRIDGE_HEARTBEAT_INTERVAL_S", 10, minimum=1)
 HEARTBEAT_MISSED_LIMIT = _env_int("PDBRIDGE_HEARTBEAT_MISSED_LIMIT", 3, minimum=1)
 
+# Telemetry samples older than this are deleted by the hourly beat job prune_samples.
+TELEMETRY_RETENTION_DAYS = _env_int("PDBRIDGE_TELEMETRY_RETENTION_DAYS", 14, minimum=1)
+
+# Alert e-mail goes through Django's SMTP backend (tests use the in-memory backend).
+EMAIL_HOST = os.environ.get("PDBRIDGE_EMAIL_HOST", "localhost")
+EMAIL_PORT = _env_int("PDBRIDGE_EMAIL_PORT", 25, minimum=1)
+EMAIL_USE_TLS = _env_bool("PDBRIDGE_EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = os.environ.get("PDBRIDGE_EMAIL_FROM", "pdbridge@localhost")
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -165,6 +174,8 @@ INSTALLED_APPS = [
     "console.deployments",
     "console.rollouts",
     "console.planner",
+    "console.schedules",
+    "console.alerts",
 ]
 
 MIDDLEWARE = [
@@ -257,6 +268,8 @@ SPECTACULAR_SETTINGS = {
         "SiteRoleEnum": "console.inventory.choices.SiteRole",
         "PoolRoleEnum": "console.deployments.choices.PoolRole",
         "UserRoleEnum": "console.core.choices.Role",
+        "AlertLevelEnum": "console.alerts.choices.AlertLevel",
+        "AlertLayerEnum": "console.alerts.choices.AlertLayer",
     },
 }
 
