@@ -203,3 +203,44 @@ def test_overview_panels_registered_by_features_render_for_their_role(client_as,
     assert "<h2>Things</h2>" in viewer
     assert "3 things for viewer" in viewer
     assert "Secret" not in viewer
+
+
+def test_overview_shows_firing_alerts_loudest_first(
+    client_as, world, django_assert_max_num_queries
+):
+    from console.alerts.models import Alert, AlertRule
+    from console.alerts.services import alert_rules_sync_defaults
+
+    alert_rules_sync_defaults(actor=None)
+    rules = list(AlertRule.objects.order_by("id")[:3])
+    now = timezone.now()
+    levels = [("warning", "firing"), ("critical", "firing"), ("info", "resolved")]
+    for rule, (level, state) in zip(rules, levels, strict=True):
+        Alert.objects.create(
+            rule=rule,
+            rule_name=f"{level}-rule",
+            level=level,
+            layer="link",
+            subject_type="inventory.link",
+            subject_id=str(world.link.pk),
+            state=state,
+            value=0.9,
+            threshold=0.7,
+            message=f"{level} message",
+            started_at=now,
+            last_seen_at=now,
+        )
+    client = client_as("viewer")
+
+    with django_assert_max_num_queries(16):
+        html = client.get("/").content.decode()
+
+    panel = html.split('id="panel-alerts"')[1]
+    assert panel.index("critical-rule") < panel.index("warning-rule")
+    assert "info-rule" not in panel  # resolved
+    assert f'href="/links/{world.link.pk}/"' in panel
+
+
+def test_overview_alerts_panel_empty_state(client_as, db):
+    html = client_as("viewer").get("/").content.decode()
+    assert "No alert is firing" in html
