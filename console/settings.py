@@ -192,6 +192,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "console.core.metrics.MetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -8,3 +8,17 @@ class AlertsConfig(AppConfig):
     name = "console.alerts"
     label = "alerts"
     verbose_name = "Alerts"
+
+    def ready(self) -> None:
+        from console.alerts.panels import firing_alerts_context
+        from console.core.panels import OverviewPanel, overview_panel_register
+
+        overview_panel_register(
+            OverviewPanel(
+                key="alerts",
+                title="Alerts",
+                template="alerts/overview_panel.html",
+                context=firing_alerts_context,
+                order=10,
+            )
+        )
