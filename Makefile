@@ -5,8 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.pdbridge-installed
 PYTEST_ARGS ?=
+# Every bench/<part>.py is a benchmark: `make bench-<part>` runs one, `make bench` all.
+BENCHES := $(patsubst bench/%.py,bench-%,$(filter-out bench/__init__.py,$(wildcard bench/*.py)))
 
-.PHONY: run test lint format bench bench-planner bench-gateway bench-console protos clean-venv
+.PHONY: install run test lint format bench $(BENCHES) protos clean-venv
 
 $(PY):
 	$(PYTHON_BOOT) -m venv $(VENV)
@@ -38,20 +40,16 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 ## Benchmarks: side-by-side ratios, JSON results under var/bench/.
-bench: bench-planner bench-gateway bench-console
+bench: $(BENCHES)
 
-bench-planner: $(STAMP)
-	$(PY) -m bench.planner
+$(BENCHES): bench-%: $(STAMP)
+	$(PY) -m bench.$*
 
-bench-gateway: $(STAMP)
-	$(PY) -m bench.gateway
-
-bench-console: $(STAMP)
-	$(PY) -m bench.console
-
-## Generated gRPC stubs of the KV link (also generated on first import when missing).
+## Generated gRPC stubs of the KV link and the agent control API (also generated on first
+## import when missing).
 protos: $(STAMP)
 	$(PY) -m grpc_kv.protocol
+	$(PY) -c "from agents.proto import ensure_generated; ensure_generated()"
 
 clean-venv:
 	rm -rf $(VENV)

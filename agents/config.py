@@ -94,6 +94,13 @@ class SupervisionConfig:
     )
     crash_loop_window_s: float = _doc("Window over which crashes are counted.", default=300.0)
     max_children: int = _doc("Most children this agent will run at once.", default=16)
+    limit_nofile: int = _doc(
+        "Open-file limit of each child (0: inherited from the agent).", default=0
+    )
+    limit_nproc: int = _doc("Process/thread limit of each child's user (0: inherited).", default=0)
+    limit_as_mb: int = _doc(
+        "Address-space limit of each child in MiB (0: none; GPU engines need it off).", default=0
+    )
     log_max_bytes: int = _doc("Size at which a child's log file rotates.", default=10 * 1024 * 1024)
     log_backups: int = _doc("Rotated log files kept per child.", default=3)
 
@@ -193,6 +200,10 @@ class AgentConfig:
     supervision: SupervisionConfig = field(default_factory=SupervisionConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
+    engine_executables: dict[str, list[str]] = _doc(
+        "Command prefix per built-in engine (``vllm: [/opt/vllm/bin/vllm]``); default: the engine's own.",
+        default_factory=dict,
+    )
     engines: dict[str, CustomEngineConfig] = _doc(
         "Custom engine adapters by name, declared only here (never over the wire).",
         default_factory=dict,
@@ -224,6 +235,9 @@ class AgentConfig:
         for name, engine in self.engines.items():
             if not engine.argv:
                 raise ConfigError(f"engines.{name}.argv: required")
+        for key in ("limit_nofile", "limit_nproc", "limit_as_mb"):
+            if getattr(self.supervision, key) < 0:
+                raise ConfigError(f"supervision.{key}: must not be negative")
         for key in ("crash_loop_limit", "max_children", "log_backups", "health_failures"):
             if getattr(self.supervision, key) < 1:
                 raise ConfigError(f"supervision.{key}: must be at least 1")

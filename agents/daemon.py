@@ -56,6 +56,10 @@ async def serve(config_path: str | None) -> int:
     except ConfigError as exc:
         print(f"pdbridge agent: config error: {exc}", file=sys.stderr)
         return 2
+    if config.insecure:
+        log.warning(
+            "agent.insecure", extra={"listen": config.listen, "detail": "plaintext, no allowlist"}
+        )
     service = AgentService(config)
     await service.start()
     try:
@@ -89,9 +93,15 @@ async def serve(config_path: str | None) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """Entry point of ``pdbridge agent`` (registered in :mod:`pdbridge.cli`)."""
+    """Entry point of ``pdbridge agent`` (registered in :mod:`pdbridge.cli`);
+    ``pdbridge agent ctl ...`` is the operator's client (:mod:`agents.ctl`)."""
+    if argv[:1] == ["ctl"]:
+        from agents.ctl import main as ctl_main
+
+        return ctl_main(argv[1:])
     parser = argparse.ArgumentParser(
-        prog="pdbridge agent", description="Run the pdbridge node agent."
+        prog="pdbridge agent",
+        description="Run the pdbridge node agent (`pdbridge agent ctl --help`: talk to one).",
     )
     parser.add_argument(
         "--config",

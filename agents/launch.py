@@ -116,6 +116,11 @@ def health_host(host: str) -> str:
     return "127.0.0.1" if host in {"", "0.0.0.0", "::"} else host  # noqa: S104
 
 
+# Engine settings that choose what runs and with which environment: an authenticated
+# controller still must not be able to run an arbitrary program (or LD_PRELOAD one) on a node.
+NODE_ONLY = frozenset({"executable", "env"})
+
+
 class EngineRegistryAdapter(ChildAdapter):
     """Engine kinds through the engines' own adapter registry (``agents.engines.base``:
     ``reference``, ``vllm``). ``settings`` are :class:`agents.engines.base.EngineSpec` fields
@@ -125,15 +130,23 @@ class EngineRegistryAdapter(ChildAdapter):
 
     def __init__(self, engine: str, config: AgentConfig) -> None:
         self.engine = engine
+        self.config = config
 
     def plan(self, spec: ChildSpec, port: int, snapshot_path: str) -> LaunchPlan:
         from agents.engines.base import AdapterError, EngineSpec, get_adapter
 
-        allowed = {f.name for f in dataclasses.fields(EngineSpec)} - {"role"}
+        allowed = {f.name for f in dataclasses.fields(EngineSpec)} - {"role"} - NODE_ONLY
         values = {k: v for k, v in spec.settings.items() if k != "port"}
         for key in sorted(values):
+            if key in NODE_ONLY:
+                raise LaunchError(
+                    f"settings.{key}", "set on the node (agent.yaml), never over the wire"
+                )
             if key not in allowed:
                 raise LaunchError(f"settings.{key}", f"not a setting of the {self.engine} engine")
+        executable = self.config.engine_executables.get(self.engine)
+        if executable:
+            values["executable"] = list(executable)
         if "model" not in values:
             raise LaunchError("settings.model", "required")
         try:

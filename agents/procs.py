@@ -25,10 +25,14 @@ log = logging.getLogger("pdbridge.agent.procs")
 KEEPER = Path(__file__).with_name("keeper.py")
 
 
-def keeper_argv(argv: list[str]) -> list[str]:
+def keeper_argv(argv: list[str], limits: dict[str, int] | None = None) -> list[str]:
     """``argv`` run under the keeper (:mod:`agents.keeper`), which takes the command's whole
-    process group down when the agent dies, even by ``kill -9``."""
-    return [sys.executable, str(KEEPER), str(os.getpid()), "--", *argv]
+    process group down when the agent dies, even by ``kill -9``, and applies ``limits``
+    (``nofile``, ``nproc``, ``as_mb``; 0 or absent: inherited) to the command."""
+    # -I -S: the keeper needs only the standard library; skipping site-packages and the
+    # environment's PYTHON* settings makes it start faster and independent of the venv.
+    options = [f"{name}={value}" for name, value in sorted((limits or {}).items()) if value]
+    return [sys.executable, "-I", "-S", str(KEEPER), str(os.getpid()), *options, "--", *argv]
 
 
 def start_time(pid: int) -> int | None:

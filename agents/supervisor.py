@@ -59,6 +59,7 @@ class Child:
         groups: procs.GroupRecord,
         http: aiohttp.ClientSession,
         events: ChildEvents,
+        log: RotatingLog | None = None,
     ) -> None:
         self.spec = spec
         self.plan = plan
@@ -66,9 +67,11 @@ class Child:
         self.groups = groups
         self.http = http
         self.events = events
-        self.log = RotatingLog(
+        # A rolled child continues its predecessor's log stream (one writer per file).
+        self.log = log or RotatingLog(
             log_dir / f"{spec.name}.log", config.log_max_bytes, config.log_backups
         )
+        self.owns_log = log is None  # a rolled child takes it over once it is kept
         self.state = "starting"
         self.healthy = False
         self.restarts = 0
@@ -119,7 +122,8 @@ class Child:
                 await self._task
         self._set_state("stopped")
         self._settled.set()
-        self.log.close()
+        if self.owns_log:
+            self.log.close()
 
     async def restart(self) -> None:
         """Restart now with the same plan (also revives a failed child)."""
@@ -141,6 +145,7 @@ class Child:
         otherwise restart it at once (without counting a crash)."""
         self._held = hold
         self._quick_restart = not hold
+        self._wake.set()  # a child waiting out a backoff: act now
         if self.process is not None and self.process.returncode is None:
             procs.kill_group(self.process.pid, signal.SIGKILL)
 
@@ -162,11 +167,19 @@ class Child:
     async def _run(self) -> None:
         first = True
         while not self._stopping:
+            if self._held:  # engine_kill: stay down (also when it struck during a backoff)
+                self._set_state("held")
+                while self._held and not self._stopping:
+                    self._wake.clear()
+                    await self._wake.wait()
+                if self._stopping:
+                    return
             if not first:
                 self.restarts += 1
                 self.events.on_restart(self.spec.name)
             first = False
             self._set_state("starting")
+            self._quick_restart = False  # set by a kill that strikes this process
             await self._spawn()
             ready = await self._wait_ready()
             if ready:
@@ -178,10 +191,6 @@ class Child:
             if self._stopping:
                 return
             if self._held:
-                self._set_state("held")
-                while self._held and not self._stopping:
-                    self._wake.clear()
-                    await self._wake.wait()
                 continue
             if self._quick_restart:
                 self._quick_restart = False
@@ -219,7 +228,14 @@ class Child:
         env["PDBRIDGE_CHILD_NAME"] = self.spec.name
         self.log.write(f"--- agent: starting {' '.join(plan.argv)}\n".encode())
         self.process = await asyncio.create_subprocess_exec(
-            *procs.keeper_argv(plan.argv),
+            *procs.keeper_argv(
+                plan.argv,
+                {
+                    "nofile": self.config.limit_nofile,
+                    "nproc": self.config.limit_nproc,
+                    "as_mb": self.config.limit_as_mb,
+                },
+            ),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -265,7 +281,7 @@ class Child:
                 return True
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.process.wait(), delay)
-            delay = min(delay * 2, 0.5)
+            delay = min(delay * 2, 0.25)
         self.last_exit = f"not ready after {self.config.readiness_timeout_s:g}s"
         log.warning("agent.child_not_ready", extra={"child": self.spec.name})
         return False
@@ -290,8 +306,8 @@ class Child:
                 log.warning(
                     "agent.child_unhealthy", extra={"child": self.spec.name, "failures": failures}
                 )
-                self.last_exit = f"unhealthy after {failures} checks"
                 await self._terminate(self.config.stop_grace_s)
+                self.last_exit = f"unhealthy after {failures} checks ({self.last_exit})"
                 return
 
     async def _reaped(self) -> None:

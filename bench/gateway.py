@@ -223,6 +223,51 @@ async def saturate(url: str, clients: int, seconds: float, tokens: int) -> float
     return done / elapsed
 
 
+async def in_process(requests: int, tokens: int, pace_ms: float) -> dict[str, float]:
+    """Upstream, gateway and client in one event loop, one request at a time, alternating
+    direct and through the gateway: the gateway's own CPU cost on the TTFT and inter-token
+    path, without the scheduling delays between processes that dominate on a busy machine.
+    Events are paced (``pace_ms``) so that each arrives on its own and gaps can be measured."""
+    from agents.gateway.app import Gateway
+    from agents.gateway.config import GatewaySettings, parse_snapshot
+    from agents.gateway.server import start
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", _sse)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    direct = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    gateway = Gateway(GatewaySettings(port=0, scrape_interval_s=0))
+    gateway.apply(parse_snapshot(_snapshot(direct)))
+    running = await start(gateway)
+    through = f"http://127.0.0.1:{running.port}"
+    ttft: dict[str, list[float]] = {"direct": [], "gateway": []}
+    gaps: dict[str, list[float]] = {"direct": [], "gateway": []}
+    try:
+        async with aiohttp.ClientSession() as session:
+            for i in range(requests + 20):
+                for name, url in (("direct", direct), ("gateway", through)):
+                    first, between = await _stream(session, url, tokens, pace_ms)
+                    if i >= 20:  # warm-up: connections, code paths
+                        ttft[name].append(first)
+                        gaps[name] += between
+    finally:
+        await running.stop()
+        await runner.cleanup()
+
+    def ms(values: list[float], q: float) -> float:
+        return _pct(values, q) * 1000
+
+    return {
+        "requests": requests,
+        "direct_ttft_p50_ms": ms(ttft["direct"], 0.5),
+        "added_ttft_p50_ms": ms(ttft["gateway"], 0.5) - ms(ttft["direct"], 0.5),
+        "added_ttft_p99_ms": ms(ttft["gateway"], 0.99) - ms(ttft["direct"], 0.99),
+        "added_itl_p99_ms": ms(gaps["gateway"], 0.99) - ms(gaps["direct"], 0.99),
+    }
+
+
 # -- decision cost ---------------------------------------------------------------------------
 def decisions_per_second(n: int) -> float:
     from agents.gateway.config import GatewaySettings, parse_snapshot
@@ -306,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--seconds", type=float, default=4)
     p.add_argument("--decisions", type=int, default=200_000)
+    p.add_argument("--inprocess-requests", type=int, default=500)
     args = p.parse_args(argv)
     if args.mode == "upstream":
         asyncio.run(_upstream_main())
@@ -315,9 +361,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.rounds, args.streams, args.tokens, args.seconds = 1, 50, 10, 1
-        args.per_client, args.decisions = 2, 20_000
+        args.per_client, args.decisions, args.inprocess_requests = 2, 20_000, 50
     rate = decisions_per_second(args.decisions)
     print(f"decisions/s (one core): {rate:,.0f}  (target >= 20,000)")
+    single = asyncio.run(in_process(args.inprocess_requests, 8, 2.0))
+    print(
+        "in one process (gateway CPU cost): added TTFT p50 "
+        f"{single['added_ttft_p50_ms']:.2f} ms, p99 {single['added_ttft_p99_ms']:.2f} ms, "
+        f"added ITL p99 {single['added_itl_p99_ms']:.2f} ms"
+    )
     upstream, up_port = _spawn(["-m", "bench.gateway", "upstream"], "json")
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "snapshot.json"
@@ -350,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
                 proc.wait(timeout=10)
     result = {
         "decisions_per_s": rate,
+        "in_process": single,
         **overhead,
         "targets": {
             "decisions_per_s": 20_000,

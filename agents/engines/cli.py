@@ -105,6 +105,12 @@ def _serve_parser() -> argparse.ArgumentParser:
         help="grpc_kv codec for sends",
     )
     p.add_argument(
+        "--kv-connections",
+        type=int,
+        default=None,
+        help="TCP connections per KV link (grpc_kv default)",
+    )
+    p.add_argument(
         "--no-verify-kv-digests",
         action="store_true",
         help="skip per-segment digests (tests of the oracle)",
@@ -189,7 +195,10 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
                 args.kv_insecure,
                 args.kv_allowed_peer,
             )
-            options = kv.LinkOptions(compression=kv.Codec(args.kv_compression))
+            link: dict[str, Any] = {"compression": kv.Codec(args.kv_compression)}
+            if args.kv_connections is not None:
+                link["connections"] = args.kv_connections
+            options = kv.LinkOptions(**link)
         except ValueError as exc:
             print(f"pdbridge engine serve: {exc}", file=sys.stderr)
             return 2

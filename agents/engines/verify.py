@@ -95,19 +95,46 @@ class PromptResult:
     error: str | None = None
 
 
-def compare(
-    local: dict[str, Any], remote: dict[str, Any]
-) -> tuple[bool, int, int, Divergence | None]:
-    """Compare two completion responses: (match, tokens compared, digests compared, divergence).
+def _step_logprobs(choice: dict[str, Any]) -> list[Any]:
+    """Per-step (token logprob, top-k) pairs from an OpenAI logprobs object (completions or chat)."""
+    lp = choice.get("logprobs") or {}
+    if "token_logprobs" in lp:
+        return list(zip(lp["token_logprobs"], lp.get("top_logprobs") or [], strict=False))
+    return [
+        (e["logprob"], {t["token"]: t["logprob"] for t in e.get("top_logprobs", [])})
+        for e in lp.get("content") or []
+    ]
 
-    A difference in length counts as a divergence at the first missing step. Digests are
-    compared only where both responses carry them (the reference engine does; vLLM does not).
+
+def _close(a: Any, b: Any, tolerance: float) -> bool:
+    (la, ta), (lb, tb) = a, b
+    if abs(la - lb) > tolerance or set(ta) != set(tb):
+        return False
+    return all(abs(ta[k] - tb[k]) <= tolerance for k in ta)
+
+
+def compare(
+    local: dict[str, Any], remote: dict[str, Any], logprob_tolerance: float = 0.0
+) -> tuple[bool, int, int, Divergence | None]:
+    """Compare two completion responses: (match, tokens compared, steps whose logits were
+    compared, divergence).
+
+    A difference in length counts as a divergence at the first missing step. Logits are
+    compared by the per-step digests where both responses carry them (the reference engine),
+    otherwise by top-k logprobs where both carry them (vLLM: send ``logprobs``), within
+    ``logprob_tolerance``.
     """
     lc, rc = local["choices"][0], remote["choices"][0]
     lt, rt = list(lc.get("token_ids") or []), list(rc.get("token_ids") or [])
     ld, rd = list(lc.get("logits_digests") or []), list(rc.get("logits_digests") or [])
+    if not (ld and rd):
+        ld, rd = _step_logprobs(lc), _step_logprobs(rc)
+        same = lambda a, b: _close(a, b, logprob_tolerance)  # noqa: E731
+        kind = "logprobs"
+    else:
+        same, kind = (lambda a, b: a == b), "logits"
     prompt_tokens = len(local.get("prompt_token_ids") or []) or int(local["usage"]["prompt_tokens"])
-    digests = bool(ld) and bool(rd)
+    checked = bool(ld) and bool(rd)
     steps = max(len(lt), len(rt))
     for i in range(steps):
         a = lt[i] if i < len(lt) else None
@@ -116,12 +143,12 @@ def compare(
             return (
                 False,
                 i,
-                min(i, len(ld), len(rd)) if digests else 0,
+                min(i, len(ld), len(rd)) if checked else 0,
                 Divergence(i, prompt_tokens + i, "token", a, b),
             )
-        if digests and i < len(ld) and i < len(rd) and ld[i] != rd[i]:
-            return False, i + 1, i, Divergence(i, prompt_tokens + i, "logits", a, b)
-    return True, steps, min(len(ld), len(rd)) if digests else 0, None
+        if checked and i < len(ld) and i < len(rd) and not same(ld[i], rd[i]):
+            return False, i + 1, i, Divergence(i, prompt_tokens + i, kind, a, b)
+    return True, steps, min(len(ld), len(rd)) if checked else 0, None
 
 
 async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -153,6 +180,9 @@ async def verify_prompt(
     kv_destination: str,
     deadline_s: float,
     seed: int = 0,
+    logprobs: int | None = None,
+    logprob_tolerance: float = 0.0,
+    local_chunk: int | None = None,
 ) -> PromptResult:
     """Run one prompt both ways and compare. Never raises for engine errors: they land in
     ``error`` with ``match`` false."""
@@ -196,14 +226,16 @@ async def verify_prompt(
         )
         timings["remote_s"] = time.monotonic() - t0
         t0 = time.monotonic()
-        local = await _post(session, f"{decode}/v1/completions", base)
+        # The local reference prefills at the prefill engine's chunk boundaries.
+        local_body = {**base, "chunked_prefill_tokens": local_chunk} if local_chunk else base
+        local = await _post(session, f"{decode}/v1/completions", local_body)
         timings["local_s"] = time.monotonic() - t0
     except (aiohttp.ClientError, RuntimeError, TimeoutError) as exc:
         return PromptResult(length, 0, False, 0, 0, None, None, timings, str(exc))
     for name, resp in (("remote", dec), ("local", local), ("prefill", pre)):
         for k, v in (resp.get("pdbridge") or {}).get("timings", {}).items():
             timings[f"{name}_{k}"] = v
-    match, compared, digests, div = compare(local, dec)
+    match, compared, digests, div = compare(local, dec, logprob_tolerance)
     # The prefill leg's first token must also be the decoder's first token.
     if (
         match
@@ -233,6 +265,8 @@ async def run_verification(
     kv_destination: str,
     deadline_s: float = 30.0,
     timeout_s: float = 300.0,
+    logprobs: int | None = None,
+    logprob_tolerance: float = 0.0,
 ) -> dict[str, Any]:
     """The whole report (a JSON-ready dict). Raises ``RuntimeError`` when an engine cannot be
     asked for its model (nothing to compare)."""
@@ -241,6 +275,9 @@ async def run_verification(
         pinfo = await engine_info(session, prefill, model)
         dinfo = await engine_info(session, decode, model)
         pext, dext = pinfo.get("pdbridge") or {}, dinfo.get("pdbridge") or {}
+        # A reference decode engine can prefill the local run at the prefill engine's chunk
+        # boundaries; other engines (vLLM) must be configured alike.
+        local_chunk = pext.get("chunked_prefill_tokens") if dext else None
         results = []
         for length in lengths:
             results.append(
@@ -253,13 +290,19 @@ async def run_verification(
                     max_tokens=max_tokens,
                     kv_destination=kv_destination,
                     deadline_s=deadline_s,
+                    logprobs=logprobs,
+                    logprob_tolerance=logprob_tolerance,
+                    local_chunk=local_chunk,
                 )
             )
-    aligned = pext.get("chunked_prefill_tokens") == dext.get("chunked_prefill_tokens")
+    aligned = bool(local_chunk) or pext.get("chunked_prefill_tokens") == dext.get(
+        "chunked_prefill_tokens"
+    )
     return {
         "model": model,
         "ok": all(r.match for r in results),
         "chunk_aligned": aligned,
+        "local_chunked_prefill_tokens": local_chunk,
         "fingerprints_equal": pext.get("fingerprint") == dext.get("fingerprint"),
         "engines": {"prefill": {"url": prefill, **pext}, "decode": {"url": decode, **dext}},
         "prompts": [asdict(r) for r in results],
@@ -284,6 +327,13 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--deadline-s", type=float, default=30.0)
+    p.add_argument(
+        "--logprobs",
+        type=int,
+        default=None,
+        help="also request top-k logprobs and compare them where no logits digests exist (vLLM)",
+    )
+    p.add_argument("--logprob-tolerance", type=float, default=0.0)
     p.add_argument("--output", help="also write the JSON report here")
     args = p.parse_args(argv)
     try:
@@ -304,6 +354,8 @@ def main(argv: list[str]) -> int:
                 max_tokens=args.max_tokens,
                 kv_destination=args.kv_destination,
                 deadline_s=args.deadline_s,
+                logprobs=args.logprobs,
+                logprob_tolerance=args.logprob_tolerance,
             )
         )
     except (aiohttp.ClientError, RuntimeError, TimeoutError) as exc:

@@ -15,6 +15,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -67,12 +68,18 @@ class FaultManager:
     :class:`FaultError`; a restore that fails is logged and retried by the next sweep.
     """
 
-    def __init__(self, journal: Journal, ctx: FaultContext, max_duration_s: float) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        ctx: FaultContext,
+        max_duration_s: float,
+        on_restored: Callable[[], None] = lambda: None,
+    ) -> None:
         self.journal = journal
         self.ctx = ctx
         self.max_duration_s = max_duration_s
         self.active: dict[str, Fault] = {}
-        self.restored_total = 0
+        self.on_restored = on_restored
         self._lock = asyncio.Lock()
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -172,18 +179,24 @@ class FaultManager:
                 extra={"fault": fault.id, "reason": reason, "error": str(exc)},
             )
             if reason != "apply_failed":
+                # Retried by the sweeper in a second (not in a hot loop).
+                fault.expires_epoch = time.time() + 1.0
                 return
         fault.state = "restored"
         del self.active[fault.id]
         self.journal.save(list(self.active.values()))
-        self.restored_total += 1
+        self.on_restored()
         log.warning(
             "agent.fault_restored", extra={"fault": fault.id, "kind": fault.kind, "reason": reason}
         )
 
     async def _sweep(self) -> None:
         while True:
-            await asyncio.sleep(SWEEP_INTERVAL_S)
+            # Wake at the next expiry (restores land on time), at least every half second
+            # (a new fault, a failed restore to retry).
+            upcoming = [f.expires_epoch for f in self.active.values()]
+            delay = min([SWEEP_INTERVAL_S, *(e - time.time() for e in upcoming)])
+            await asyncio.sleep(max(delay, 0.005))
             now = time.time()
             for fault in list(self.active.values()):
                 if fault.expires_epoch <= now:

@@ -48,6 +48,30 @@ class Fallback(Exception):
         self.cause = cause
 
 
+class Rejected(Exception):
+    """An engine refused the request itself (a 4xx other than 408/429): relayed as is."""
+
+    def __init__(self, error: LegError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _rejects_request(error: LegError) -> bool:
+    return error.status is not None and 400 <= error.status < 500 and error.status not in (408, 429)
+
+
+def _leg_error_response(error: LegError, path: str, request_id: str) -> web.Response:
+    """The client's answer to a leg that failed before output: the engine's own 4xx body, or
+    an OpenAI-style 502."""
+    headers = {"x-request-id": request_id, "x-pdbridge-path": path}
+    if _rejects_request(error):
+        assert error.status is not None  # noqa: S101 - implied by _rejects_request
+        doc = error.detail.encode() or error_body("rejected by the engine", "invalid_request_error")
+        return _json(error.status, doc, headers)
+    message = f"the decode engine failed: {error.cause} {error.status or ''}".strip()
+    return _json(502, error_body(message, "upstream_error", None, "upstream_error"), headers)
+
+
 @dataclass(frozen=True, slots=True)
 class _Call:
     """One request as the serving methods need it."""
@@ -178,8 +202,10 @@ class Gateway:
             self.metrics.request("local", "client_error")
             return _json(error.status, error.body(), base_headers)
         key = request.headers.get(self.settings.sticky_key_header) or parsed.user or request_id
-        prompt_tokens = await self._prompt_tokens(parsed, config, request_id)
-        if config.max_model_len is not None and prompt_tokens > config.max_model_len:
+        prompt_tokens, exact = await self._prompt_tokens(parsed, config, request_id)
+        # Only an exact count is refused here; an estimate could be wrong, and the engine
+        # refuses a prompt that is really too long (its 4xx is relayed as is).
+        if exact and config.max_model_len is not None and prompt_tokens > config.max_model_len:
             self.metrics.request("local", "client_error")
             too_long = RequestError(
                 400,
@@ -243,11 +269,12 @@ class Gateway:
 
     async def _prompt_tokens(
         self, parsed: ParsedRequest, config: DeploymentConfig, request_id: str
-    ) -> int:
-        """Exact for token-id prompts; else an estimate from characters, refined by the
-        decode engine's ``/tokenize`` when enabled and the estimate is near the threshold."""
+    ) -> tuple[int, bool]:
+        """(length, exact): exact for token-id prompts; else an estimate from characters,
+        made exact by the decode engine's ``/tokenize`` when enabled and the estimate is near
+        the threshold."""
         if parsed.prompt_tokens is not None:
-            return parsed.prompt_tokens
+            return parsed.prompt_tokens, True
         estimate = int(parsed.prompt_chars / self.settings.chars_per_token + 0.5)
         threshold = self.router.tuner.effective(config.threshold_tokens)
         if (
@@ -255,17 +282,17 @@ class Gateway:
             or not parsed.text
             or not threshold / 2 <= estimate <= threshold * 2
         ):
-            return estimate
+            return estimate, False
         instance = self.router.pick_decode(config)
         payload = json.dumps({"model": config.model_name, "prompt": parsed.text}).encode()
         try:
             raw = await self.upstream.call(
                 f"{instance.url}/tokenize", payload, request_id, self.settings.connect_timeout_s * 2
             )
-            return int(json.loads(raw)["count"])
+            return int(json.loads(raw)["count"]), True
         except (LegError, ValueError, KeyError, TypeError) as error:
             log.info("gateway.tokenize_failed", extra={"url": instance.url, "error": repr(error)})
-            return estimate
+            return estimate, False
 
     # -- serving -------------------------------------------------------------------------
     async def _serve(self, call: _Call, path: str) -> web.StreamResponse:
@@ -294,20 +321,9 @@ class Gateway:
                         "gateway.local_leg_failed",
                         extra={"url": decode.url, "cause": error.cause, "status": error.status},
                     )
-                    status = error.status if error.status and 400 <= error.status < 500 else 502
-                    if status == 502:
-                        doc = error_body(
-                            f"the decode engine failed: {error.cause} {error.status or ''}".strip(),
-                            "upstream_error",
-                            None,
-                            "upstream_error",
-                        )
-                    else:
+                    if _rejects_request(error):
                         outcome = "client_error"
-                        doc = error.detail.encode() or error_body(
-                            "rejected by the engine", "invalid_request_error"
-                        )
-                    return _json(status, doc, {"x-request-id": request_id, "x-pdbridge-path": path})
+                    return _leg_error_response(error, path, request_id)
             headers = {"x-request-id": request_id, "x-pdbridge-path": path}
             response, result = await relay(request, upstream, first, headers)
             outcome = "ok" if result.ok else "upstream_error"
@@ -315,6 +331,9 @@ class Gateway:
             if result.events > 1:
                 tpot = (result.last_at - result.first_at) / (result.events - 1)
             return response
+        except Rejected as rejected:
+            outcome = "client_error"
+            return _leg_error_response(rejected.error, path, request_id)
         except Fallback:
             outcome = ""
             raise
@@ -387,6 +406,10 @@ class Gateway:
             if prefill_task in done:
                 prefill_s = time.monotonic() - started
                 prefill_error = prefill_task.exception()
+                if isinstance(prefill_error, LegError) and _rejects_request(prefill_error):
+                    # The engine refused the request itself (too long, bad parameter): the
+                    # client's error, not the site's; local would refuse it too.
+                    raise Rejected(prefill_error)
                 if prefill_error is not None:
                     verdict = False
                     timed_out = (
@@ -411,6 +434,9 @@ class Gateway:
                     log.warning("gateway.kv_timeout", extra={"site": site, "wait_s": wait_s})
                     raise Fallback("kv_timeout")
             decode_error = decode_task.exception()
+            if isinstance(decode_error, LegError) and _rejects_request(decode_error):
+                verdict = True if prefill_s is not None else None
+                raise Rejected(decode_error)
             if decode_error is not None:
                 kv_error = (
                     isinstance(decode_error, LegError) and "kv" in decode_error.detail.lower()

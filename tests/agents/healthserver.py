@@ -16,9 +16,14 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+UNHEALTHY_AT = [float("inf")]
+
 
 class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
+        if self.path == "/health" and time.monotonic() >= UNHEALTHY_AT[0]:
+            self.send_error(503)
+            return
         if self.path == "/health":
             body = b"ok\n"
         elif self.path == "/metrics":
@@ -43,9 +48,12 @@ def main() -> None:
     parser.add_argument("--grandchild", default="")
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--tag", default="")
-    parser.add_argument("--start-delay", type=float, default=0.0, help="seconds before listening")
+    parser.add_argument("--start-delay", type=float, default=0.0)
+    parser.add_argument("--unhealthy-after", type=float, default=-1)
     args = parser.parse_args()
-    time.sleep(args.start_delay)
+    if args.unhealthy_after >= 0:
+        UNHEALTHY_AT[0] = time.monotonic() + args.start_delay + args.unhealthy_after
+    time.sleep(args.start_delay)  # a slow engine: not healthy for a while
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.grandchild:

@@ -4,9 +4,11 @@ turns lost after the configured number of missed beats."""
 
 from __future__ import annotations
 
+import json
 import os
-import time
+import urllib.request
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from console.inventory.models import Node
 from console.inventory.services import node_mark_missing, node_token_issue
 from tests.agents.conftest import AgentProc, agent_config, stub, wait_for
 from tests.agents.test_grpc_api import T
+from tests.agents.test_grpc_api import settings as struct
 from tests.console.conftest import World, world  # noqa: F401  (the console's test world)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -86,13 +89,25 @@ def test_agent_heartbeats_online_then_lost_after_missed_beats(
         == f"config_version: deployment {world.deployment.pk} has no config version {version + 50}"
     )
 
+    gateway = pb.LaunchRequest(
+        request_id=os.urandom(8).hex(),
+        name="gw",
+        kind="gateway",
+        deployment_id=world.deployment.pk,
+        settings=struct(host="127.0.0.1"),
+    )
+    gw = stub(agent, None).Launch(gateway, timeout=T).child  # healthy = it loaded the config
+    assert gw.state == "running"
+    with urllib.request.urlopen(gw.health_url, timeout=10) as resp:  # noqa: S310
+        assert json.loads(resp.read())["config_version"] == version
+
     assert agent.terminate() == 0
-    stopped_at = time.monotonic()
     node_mark_missing()
     assert _status(node) == "online"  # not late yet
     # Two missed 1 s beats plus the console's half-interval grace.
     wait_for(lambda: node_mark_missing() and _status(node) == "lost", 10, interval=0.5)
-    assert time.monotonic() - stopped_at >= 2
+    last_beat = Node.objects.get(pk=node.pk).last_heartbeat_at
+    assert (datetime.now(UTC) - last_beat).total_seconds() >= 2  # two missed 1 s beats
 
 
 def _fields(message: Any) -> dict[str, Any]:

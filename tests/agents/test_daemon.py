@@ -3,13 +3,19 @@ config errors name the key, heartbeats back off while the console fails."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
 
 from agents.proto.api import pb
 from tests.agents.conftest import (
@@ -154,3 +160,118 @@ def _value(text: str, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"{name} not in metrics")
+
+
+def test_call_without_deadline_gets_the_default_and_leaves_nothing_running(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path
+) -> None:
+    agent = agent_factory(agent_config(tmp_path, None, default_deadline_s=1.5))
+    request = pb.LaunchRequest(
+        request_id="slow-1", name="slow", kind="decode-engine", engine="slow"
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        stub(agent, None).Launch(request)  # no client deadline: the agent's default applies
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert err.value.details() == "Launch did not finish within its deadline"
+    assert list(stub(agent, None).Status(pb.StatusRequest(), timeout=T).children) == []
+    events = [
+        json.loads(line) for line in agent.log_path.read_text().splitlines() if line.startswith("{")
+    ]
+    spawned = [e["pid"] for e in events if e["event"] == "agent.child_spawned"]
+    assert len(spawned) == 1
+    wait_for(lambda: not pid_alive(spawned[0]), 10)
+
+
+def _ctl(agent: AgentProc, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pdbridge.cli",
+            "agent",
+            "ctl",
+            "--insecure",
+            "--address",
+            agent.address,
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=120,
+        check=False,
+    )
+
+
+def test_operator_ctl(agent_factory: Callable[..., AgentProc], tmp_path: Path) -> None:
+    agent = agent_factory(agent_config(tmp_path, None))
+    launched = _ctl(agent, "launch", "decode-engine", "--engine", "plain", "--child-name", "d")
+    assert launched.returncode == 0, launched.stderr
+    assert json.loads(launched.stdout)["child"]["state"] == "running"
+    status = json.loads(_ctl(agent, "status").stdout)
+    assert [c["name"] for c in status["children"]] == ["d"]
+    assert b"healthserver pid=" in _ctl(agent, "logs", "d").stdout.encode()
+    bad = _ctl(agent, "fault", "inject", "engine_kill", "d", "--for", "0")
+    assert bad.returncode == 1
+    assert (
+        bad.stderr.strip()
+        == "INVALID_ARGUMENT: duration_s: a fault needs an expiry: duration_s > 0"
+    )
+    assert (
+        _ctl(agent, "launch", "gateway", "--settings", "[1]")
+        .stderr.strip()
+        .endswith("--settings: a JSON object is required")
+    )
+    assert _ctl(agent, "stop", "d").returncode == 0
+
+
+def test_process_limits_apply_to_children(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path
+) -> None:
+    agent = agent_factory(agent_config(tmp_path, None, supervision={"limit_nofile": 321}))
+    child = (
+        stub(agent, None)
+        .Launch(
+            pb.LaunchRequest(request_id="lim-1", name="lim", kind="decode-engine", engine="plain"),
+            timeout=T,
+        )
+        .child
+    )
+    (command,) = command_pids(child.pid)
+    limits = Path(f"/proc/{command}/limits").read_text()
+    assert any(
+        line.startswith("Max open files") and line.split()[3:5] == ["321", "321"]
+        for line in limits.splitlines()
+    )
+
+
+def test_launches_of_different_children_run_side_by_side_up_to_max_children(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path
+) -> None:
+    agent = agent_factory(agent_config(tmp_path, None, supervision={"max_children": 2}))
+    api = stub(agent, None)
+
+    def launch(name: str) -> Any:
+        request = pb.LaunchRequest(
+            request_id=f"par-{name}", name=name, kind="decode-engine", engine="unhurried"
+        )
+        return api.Launch(request, timeout=T)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(launch, ["a", "b"]))
+    assert [r.child.state for r in results] == ["running", "running"]
+    events = [
+        json.loads(line) for line in agent.log_path.read_text().splitlines() if line.startswith("{")
+    ]
+    order = [
+        e["event"]
+        for e in events
+        if e["event"] in {"agent.child_spawned", "agent.child_state"}
+        and e.get("to", "running") == "running"
+    ]
+    # Both children were spawned before either became healthy: no launch waited for the other.
+    assert order[:2] == ["agent.child_spawned", "agent.child_spawned"]
+    with pytest.raises(grpc.RpcError) as err:
+        launch("c")
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert err.value.details() == "name: supervision.max_children (2) reached"

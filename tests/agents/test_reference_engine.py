@@ -8,8 +8,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +65,9 @@ def test_reference_engine_is_restarted_healthy_after_kill_9(
     agent_factory: Callable[..., AgentProc], tmp_path: Path, models_dir: Path
 ) -> None:
     agent = agent_factory(agent_config(tmp_path, None, supervision={"readiness_timeout_s": 150}))
+    launched_at = time.monotonic()
     child = _launch(agent, models_dir).child
+    cold_start = time.monotonic() - launched_at  # the engine's own start on this machine now
     assert child.state == "running"
     with urllib.request.urlopen(child.health_url, timeout=10) as resp:  # noqa: S310
         assert resp.status == 200
@@ -72,6 +76,7 @@ def test_reference_engine_is_restarted_healthy_after_kill_9(
         assert "dense" in json.dumps(json.loads(resp.read()))
 
     (engine_pid,) = command_pids(child.pid)
+    killed_at = time.monotonic()
     os.kill(engine_pid, signal.SIGKILL)
     after = wait_for(
         lambda: (
@@ -85,9 +90,26 @@ def test_reference_engine_is_restarted_healthy_after_kill_9(
             and c.pid not in {0, child.pid}
             and c
         ),
-        10,
+        60,
+    )
+    elapsed = time.monotonic() - killed_at
+    print(
+        f"reference engine: cold start {cold_start:.1f} s, healthy again {elapsed:.1f} s after kill -9"
     )
     assert after.restarts == 1
+    # What the agent adds between the crash and the new process: detection and the first
+    # backoff (0.2 s here). The rest is the engine's own start (about 5 s on an idle 2-core
+    # machine, twice that when it is shared), which the healthserver test bounds at 10 s.
+    events = [
+        json.loads(line) for line in agent.log_path.read_text().splitlines() if line.startswith("{")
+    ]
+    exited = next(e["ts"] for e in events if e["event"] == "agent.child_exited")
+    respawned = [e["ts"] for e in events if e["event"] == "agent.child_spawned"][1]
+    gap = (datetime.fromisoformat(respawned) - datetime.fromisoformat(exited)).total_seconds()
+    assert gap < 1.5, f"the agent took {gap:.2f} s to respawn the engine"
+    # The total (printed above) is mostly the engine's own start, which varies several-fold with
+    # machine load; it is measured by `make bench-agent`, not asserted here (the healthserver
+    # test bounds kill -9 -> healthy at 10 s where the child's start is not the variable).
 
 
 def test_bad_engine_settings_name_the_field(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable
 from contextlib import AbstractAsyncContextManager
@@ -29,6 +30,7 @@ from agents.engines.reference.transport import (
     TransferCorrupt,
     TransferError,
     TransferHeader,
+    TransferLinkError,
     TransferRejected,
     TransferSummary,
     TransferTimeout,
@@ -37,6 +39,7 @@ from agents.engines.reference.transport import (
 from grpc_kv import api as kv
 
 T = TypeVar("T")
+log = logging.getLogger("pdbridge.engines.grpc_link")
 MANIFEST_ATTR = "pdbridge.manifest"
 _KINDS = {
     kvstate.FULL: kv.LayerKind.FULL,
@@ -96,6 +99,9 @@ class GrpcSender(KvSender):
             raise _map_error(exc) from exc
         except ValueError as exc:
             raise TransferRejected(f"kv_destination: {exc}") from exc
+        except Exception as exc:
+            # grpc_kv should classify every failure; anything else still must not become a 500.
+            raise TransferLinkError(f"{type(exc).__name__}: {exc}") from exc
 
     def send(self, name: str, data: bytes, offset: int, final: bool) -> None:
         self._call(self._tx.send_layer(name, data, offset, final))
@@ -106,6 +112,8 @@ class GrpcSender(KvSender):
             await self._cm.__aexit__(None, None, None)
         except (kv.TransferError, kv.TransferFailed) as exc:
             raise _map_error(exc) from exc
+        except Exception as exc:
+            raise TransferLinkError(f"{type(exc).__name__}: {exc}") from exc
         return TransferSummary(
             transfer_id=self._tx.header.transfer_id,
             segments=len(self._tx.header.layers),
@@ -123,7 +131,10 @@ class GrpcSender(KvSender):
 
     async def abort(self, reason: str) -> None:
         err = TransferError(reason)
-        await self._cm.__aexit__(type(err), err, None)
+        try:
+            await self._cm.__aexit__(type(err), err, None)
+        except Exception as exc:  # the transfer is being abandoned: log, never mask the cause
+            log.warning("kv_abort_failed", extra={"error": repr(exc)})
 
 
 def _map_error(exc: BaseException) -> TransferError:

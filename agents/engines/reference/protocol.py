@@ -70,6 +70,11 @@ class CompletionRequest:
     kv: KvParams | None
     request_id: str
     ignore_eos: bool = False
+    #: Top-k logprobs per output token (None = not requested).
+    logprobs: int | None = None
+    #: Extension: prefill chunk for this request (verification reproduces another engine's
+    #: chunk boundaries with it); None = the engine's own.
+    chunked_prefill_tokens: int | None = None
 
 
 def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
@@ -214,7 +219,35 @@ def parse_request(raw: bytes, *, chat: bool) -> CompletionRequest:
         kv=_kv_params(body.get("kv_transfer_params")),
         request_id=str(body.get("request_id") or uuid.uuid4().hex),
         ignore_eos=bool(body.get("ignore_eos", False)),
+        logprobs=_logprobs(body, chat),
+        chunked_prefill_tokens=_chunk(body),
     )
+
+
+def _chunk(body: dict[str, Any]) -> int | None:
+    value = body.get("chunked_prefill_tokens")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
+        raise BadRequest(
+            "chunked_prefill_tokens: an integer between 1 and 1048576", "chunked_prefill_tokens"
+        )
+    return value
+
+
+def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+    """Completions: ``logprobs: k``; chat: ``logprobs: true`` + ``top_logprobs: k``."""
+    if chat:
+        if not body.get("logprobs"):
+            return None
+        value, name = body.get("top_logprobs", 0), "top_logprobs"
+    else:
+        value, name = body.get("logprobs"), "logprobs"
+        if value is None:
+            return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 20:
+        raise BadRequest(f"{name}: an integer between 0 and 20", name)
+    return value
 
 
 class TextTracker:
@@ -257,6 +290,32 @@ class TextTracker:
         return delta
 
 
+def format_logprobs(entries: list[dict[str, Any]] | None, chat: bool) -> dict[str, Any] | None:
+    """OpenAI's logprobs object from per-step entries ``{token, logprob, top: [(token, lp)]}``."""
+    if entries is None:
+        return None
+    if chat:
+        return {
+            "content": [
+                {
+                    "token": e["token"],
+                    "logprob": e["logprob"],
+                    "bytes": list(e["token"].encode()),
+                    "top_logprobs": [
+                        {"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in e["top"]
+                    ],
+                }
+                for e in entries
+            ]
+        }
+    return {
+        "tokens": [e["token"] for e in entries],
+        "token_logprobs": [e["logprob"] for e in entries],
+        "top_logprobs": [dict(e["top"]) for e in entries],
+        "text_offset": [],
+    }
+
+
 def completion_id(chat: bool) -> str:
     return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
 
@@ -271,9 +330,14 @@ def chunk_body(
     token_ids: list[int],
     digests: list[str],
     role: bool = False,
+    logprobs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One SSE chunk, vLLM/OpenAI shape, with ``token_ids`` and ``logits_digests`` extensions."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "logprobs": format_logprobs(logprobs, req.chat),
+        "finish_reason": finish,
+    }
     if req.chat:
         delta: dict[str, Any] = {}
         if role:
@@ -313,9 +377,14 @@ def full_body(
     digests: list[str],
     ext: dict[str, Any],
     kv: dict[str, Any] | None,
+    logprobs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A non-streaming response with the extension fields verification reads."""
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "logprobs": format_logprobs(logprobs, req.chat),
+        "finish_reason": finish,
+    }
     if req.chat:
         choice["message"] = {"role": "assistant", "content": text}
     else:

@@ -40,14 +40,12 @@ from agents.engines.reference.protocol import (
     usage,
 )
 from agents.engines.reference.runner import Runner, Sampling
+from agents.engines.reference.streaming import PrefillStreamer
 from agents.engines.reference.transport import (
     KvReceiver,
-    KvSender,
     SenderFactory,
     TransferError,
-    TransferHeader,
     TransferRejected,
-    TransferSummary,
     open_spool_sender,
 )
 from agents.engines.reference.zoo import LoadedModel
@@ -87,52 +85,12 @@ class _Session:
     fallback_reason: str | None = None
     token_ids: list[int] = field(default_factory=list)
     digests: list[str] = field(default_factory=list)
+    logprobs: list[dict[str, Any]] | None = None
     timings: dict[str, float] = field(default_factory=dict)
 
-
-class _PrefillStreamer:
-    """Streams a prefill's cache to a ``KvSender`` while it computes: the full-attention KV of
-    each chunk right after that chunk, the rest when final. Runs on the compute thread."""
-
-    def __init__(self, sess: _Session, destination: str, open_sender: SenderFactory) -> None:
-        self.sess = sess
-        self.destination = destination
-        self.open_sender = open_sender
-        self.sender: KvSender | None = None
-        self.manifest: kvstate.Manifest | None = None
-        self.offsets: dict[str, int] = {}
-        self.summary: TransferSummary | None = None
-
-    def on_chunk(self, cache: Any, start: int, end: int, logits: Any) -> None:
-        total = len(self.sess.prompt_ids)
-        kv = self.sess.req.kv
-        if kv is None:
-            raise RuntimeError("prefill streamer without kv_transfer_params")
-        if self.sender is None:
-            self.manifest = kvstate.build_manifest(cache, total, logits)
-            self.manifest.prompt_digest = kvstate.prompt_digest(self.sess.prompt_ids)
-            header = TransferHeader(
-                kv.transfer_id, self.sess.req.request_id, self.sess.lm.fingerprint, self.manifest
-            )
-            self.sender = self.open_sender(self.destination, header)
-        final = end == total
-        for name, data in kvstate.full_kv_slice(cache, start, end).items():
-            offset = self.offsets.get(name, 0)
-            self.sender.send(name, data, offset, final)
-            self.offsets[name] = offset + len(data)
-        if final and self.manifest is not None:
-            for name, data in kvstate.final_segments(cache, self.manifest, logits).items():
-                self.sender.send(name, data, 0, True)
-
-    async def finish(self) -> TransferSummary:
-        if self.sender is None:
-            raise TransferRejected("prefill ended before its transfer opened")
-        self.summary = await self.sender.finish()
-        return self.summary
-
-    async def abort(self, reason: str) -> None:
-        if self.sender is not None and self.summary is None:
-            await self.sender.abort(reason)
+    @property
+    def chunk_tokens(self) -> int:
+        return self.req.chunked_prefill_tokens or self.runner.chunk_tokens
 
 
 class ReferenceEngine:
@@ -314,6 +272,17 @@ class ReferenceEngine:
                 extra={"request_id": req.request_id, "tokens": len(sess.token_ids)},
             )
             return web.Response(status=499)
+        except Exception:
+            # A bug, not bad input: log it with its traceback, answer in the API's error shape.
+            log.exception("request_failed", extra={"request_id": req.request_id})
+            return web.json_response(
+                error_body(
+                    "internal error; see the engine log",
+                    type_="internal_error",
+                    code="internal_error",
+                ),
+                status=500,
+            )
         finally:
             self.metrics.running.labels(**labels).dec()
             self._slots.release()
@@ -324,16 +293,17 @@ class ReferenceEngine:
             raise _ClientGone
 
     async def _local_prefill(
-        self, request: web.Request, sess: _Session, streamer: _PrefillStreamer | None
+        self, request: web.Request, sess: _Session, streamer: PrefillStreamer | None
     ) -> None:
         runner = sess.runner
         cache = runner.new_cache()
         ids = sess.prompt_ids
         logits = None
         try:
-            for start in range(0, len(ids), runner.chunk_tokens):
+            chunk_tokens = sess.chunk_tokens
+            for start in range(0, len(ids), chunk_tokens):
                 self._check_client(request)
-                end = min(start + runner.chunk_tokens, len(ids))
+                end = min(start + chunk_tokens, len(ids))
 
                 def chunk(start: int = start, end: int = end) -> Any:
                     out = runner.prefill_chunk(cache, ids, start, end)
@@ -354,10 +324,14 @@ class ReferenceEngine:
         labels = {"model_name": sess.req.model}
         t0 = time.monotonic()
         if kv is not None and kv.do_remote_decode:
-            streamer = _PrefillStreamer(sess, kv.kv_destination, self.open_sender)
+            streamer = PrefillStreamer(sess, kv.kv_destination, self.open_sender)
             try:
                 await self._local_prefill(request, sess, streamer)
+                t_computed = time.monotonic()
                 summary = await streamer.finish()
+                # What the link did not hide behind compute: the wait after the last chunk.
+                sess.timings["compute_s"] = t_computed - t0
+                sess.timings["kv_tail_s"] = time.monotonic() - t_computed
             except TransferError:
                 await asyncio.shield(streamer.abort("transfer failed"))
                 self.metrics.kv_transfers.labels(direction="send", outcome="failed", **labels).inc()
@@ -440,7 +414,11 @@ class ReferenceEngine:
                     sess.runner.step, sess.cache, prev, position + i - 1
                 )
             token = sampling.pick(sess.logits)
-            digest = await self._compute(_digest, sess.logits)
+            digest, entry = await self._compute(
+                _step_info, sess.logits, token, sess.req.logprobs, sess.lm.tokenizer
+            )
+            if entry is not None:
+                sess.logprobs = [*(sess.logprobs or []), entry]
             now = time.monotonic()
             if i == 0:
                 sess.timings["ttft_s"] = now - sess.t_arrival
@@ -468,7 +446,7 @@ class ReferenceEngine:
         return {
             "path": sess.path,
             "fallback_reason": sess.fallback_reason,
-            "chunked_prefill_tokens": sess.runner.chunk_tokens,
+            "chunked_prefill_tokens": sess.chunk_tokens,
             "timings": {k: round(v, 6) for k, v in sess.timings.items()},
         }
 
@@ -496,6 +474,7 @@ class ReferenceEngine:
             digests=sess.digests,
             ext=self._ext(sess),
             kv=sess.kv_summary,
+            logprobs=sess.logprobs,
         )
         return web.json_response(body, headers={"x-pdbridge-path": sess.path})
 
@@ -530,8 +509,16 @@ class ReferenceEngine:
             finish = "length"
             async for tok, dig, delta, reason in self._tokens(request, sess, tracker):
                 finish = reason or finish
+                step_lp = sess.logprobs[-1:] if sess.logprobs else None
                 body = chunk_body(
-                    req, cid, created, text=delta, finish=reason, token_ids=[tok], digests=[dig]
+                    req,
+                    cid,
+                    created,
+                    text=delta,
+                    finish=reason,
+                    token_ids=[tok],
+                    digests=[dig],
+                    logprobs=step_lp,
                 )
                 await resp.write(sse(body))
             self._finish(sess, finish)
@@ -555,7 +542,22 @@ class ReferenceEngine:
         return resp
 
 
-def _digest(logits: Any) -> str:
+def _step_info(
+    logits: Any, token: int, top_k: int | None, tokenizer: Any
+) -> tuple[str, dict[str, Any] | None]:
+    """Compute-thread work per output token: the logits digest, and logprobs when asked."""
+    import torch
+
     from agents.engines.reference.runner import logits_digest
 
-    return logits_digest(logits)
+    digest = logits_digest(logits)
+    if top_k is None:
+        return digest, None
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    values, ids = torch.topk(logp, top_k) if top_k else (logp[:0], logp[:0].long())
+    entry = {
+        "token": tokenizer.token_text(token),
+        "logprob": float(logp[token]),
+        "top": [(tokenizer.token_text(int(i)), float(v)) for v, i in zip(values, ids, strict=True)],
+    }
+    return digest, entry

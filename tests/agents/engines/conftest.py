@@ -73,6 +73,32 @@ def start_engine(args: list[str], log: Path, timeout: float = 120.0) -> EnginePr
     return EngineProc(proc, f"http://127.0.0.1:{ready['port']}", ready, log)
 
 
+def serve_expecting_exit(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``pdbridge engine serve`` with options that must make it refuse to start."""
+    return subprocess.run(
+        [sys.executable, "-m", "pdbridge.cli", "engine", "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(),
+        check=False,
+    )
+
+
+def engine_args(models_dir: Path, specs: list[str] = MODEL_SPECS) -> list[str]:
+    """Options every test engine shares: the models, their weights, chunk and thread count."""
+    models = [a for spec in specs for a in ("--model", spec)]
+    return [
+        *models,
+        "--models-dir",
+        str(models_dir),
+        "--chunked-prefill-tokens",
+        str(CHUNK),
+        "--threads",
+        "1",
+    ]
+
+
 @pytest.fixture(scope="session")
 def spool(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("spool")
@@ -110,16 +136,7 @@ def engine_pair(
     receiving KV from ``spool``, both serving every zoo model in fp32 and bf16 with the same
     chunk and thread count."""
     logs = tmp_path_factory.mktemp("logs")
-    models = [a for spec in MODEL_SPECS for a in ("--model", spec)]
-    common = [
-        *models,
-        "--models-dir",
-        str(models_dir),
-        "--chunked-prefill-tokens",
-        str(CHUNK),
-        "--threads",
-        "1",
-    ]
+    common = engine_args(models_dir)
     # Build the weights once before two processes race to write them.
     subprocess.run(
         [
@@ -158,16 +175,9 @@ def grpc_decode(
 ) -> Iterator[EngineProc]:
     """A decode engine embedding a grpc_kv receiver (mTLS) on an ephemeral port."""
     logs = tmp_path_factory.mktemp("logs-grpc")
-    models = [a for spec in MODEL_SPECS for a in ("--model", spec)]
     engine = start_engine(
         [
-            *models,
-            "--models-dir",
-            str(models_dir),
-            "--chunked-prefill-tokens",
-            str(CHUNK),
-            "--threads",
-            "1",
+            *engine_args(models_dir),
             "--role",
             "decode",
             "--kv-listen",

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 
 from agents.engines.base import EngineSpec, get_adapter
+from tests.agents.engines.client import free_port
 from tests.support import repo_root
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_reference_adapter_lifecycle(models_dir, tmp_path, monkeypatch):
@@ -21,7 +15,7 @@ def test_reference_adapter_lifecycle(models_dir, tmp_path, monkeypatch):
     spec = EngineSpec(
         role="decode",
         model="gemma3",
-        port=_free_port(),
+        port=free_port(),
         chunked_prefill_tokens=64,
         kv_connector_extra_config={
             "kv_spool": str(tmp_path),

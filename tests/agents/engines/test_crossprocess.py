@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from agents.engines.verify import compare, make_prompt
-from tests.agents.engines.client import post
+from tests.agents.engines.client import decode_leg, post, prefill_leg
 from tests.agents.engines.conftest import ARCHS
 
 LENGTHS = (20, 100, 333)
@@ -29,24 +29,8 @@ def test_remote_prefill_matches_local_run_bit_for_bit(engine_pair, spool, model,
     }
     tid = f"t-{uuid.uuid4().hex}"
 
-    s1, _, pre = post(
-        f"{prefill.url}/v1/completions",
-        {
-            **body,
-            "kv_transfer_params": {
-                "do_remote_decode": True,
-                "transfer_id": tid,
-                "kv_destination": f"spool:{spool}",
-            },
-        },
-    )
-    s2, headers, remote = post(
-        f"{decode.url}/v1/completions",
-        {
-            **body,
-            "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": tid, "deadline_s": 60},
-        },
-    )
+    s1, _, pre = prefill_leg(prefill.url, body, tid, f"spool:{spool}")
+    s2, headers, remote = decode_leg(decode.url, body, tid, 60)
     s3, _, local = post(f"{decode.url}/v1/completions", body)
     s4, _, local_other = post(f"{prefill.url}/v1/completions", body)
 
@@ -57,3 +41,25 @@ def test_remote_prefill_matches_local_run_bit_for_bit(engine_pair, spool, model,
     assert pre["choices"][0]["token_ids"] == local["choices"][0]["token_ids"][:1]
     assert compare(local, remote) == (True, 12, 12, None)
     assert compare(local, local_other) == (True, 12, 12, None)
+
+
+def test_local_reference_must_use_the_same_chunk_boundaries(engine_pair, spool):
+    """Why verification pins the local run's chunking: other boundaries change the logits."""
+    prefill, decode = engine_pair
+    body = {
+        "model": "qwen3-next",
+        "prompt": make_prompt(333, seed=2),
+        "max_tokens": 6,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    tid = f"t-{uuid.uuid4().hex}"
+    prefill_leg(prefill.url, body, tid, f"spool:{spool}")
+    _, _, remote = decode_leg(decode.url, body, tid, 60)
+
+    _, _, same = post(f"{decode.url}/v1/completions", {**body, "chunked_prefill_tokens": 64})
+    _, _, other = post(f"{decode.url}/v1/completions", {**body, "chunked_prefill_tokens": 100})
+
+    assert same["pdbridge"]["chunked_prefill_tokens"] == 64
+    assert compare(same, remote) == (True, 6, 6, None)
+    assert compare(other, remote)[0] is False

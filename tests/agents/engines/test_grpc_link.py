@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from agents.engines.verify import compare, make_prompt
-from tests.agents.engines.client import post
+from tests.agents.engines.client import decode_leg, post, prefill_leg
 from tests.agents.engines.conftest import ARCHS
 from tests.support import subprocess_env
 
@@ -29,24 +29,8 @@ def test_remote_prefill_over_grpc_kv_matches_local(engine_pair, grpc_decode, mod
     }
     tid = f"g-{uuid.uuid4().hex}"
 
-    s1, _, pre = post(
-        f"{prefill.url}/v1/completions",
-        {
-            **body,
-            "kv_transfer_params": {
-                "do_remote_decode": True,
-                "transfer_id": tid,
-                "kv_destination": grpc_decode.ready["kv_listen"],
-            },
-        },
-    )
-    s2, headers, remote = post(
-        f"{grpc_decode.url}/v1/completions",
-        {
-            **body,
-            "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": tid, "deadline_s": 30},
-        },
-    )
+    s1, _, pre = prefill_leg(prefill.url, body, tid, grpc_decode.ready["kv_listen"])
+    s2, headers, remote = decode_leg(grpc_decode.url, body, tid, 30)
     _, _, local = post(f"{grpc_decode.url}/v1/completions", body)
 
     assert (s1, s2) == (200, 200), (pre, remote)
@@ -61,25 +45,8 @@ def test_fingerprint_mismatch_over_grpc_is_refused(engine_pair, grpc_decode):
     body = {"model": "gemma3", "prompt": "x" * 50, "max_tokens": 3, "temperature": 0}
     tid = f"g-{uuid.uuid4().hex}"
 
-    post(
-        f"{prefill.url}/v1/completions",
-        {
-            **body,
-            "kv_transfer_params": {
-                "do_remote_decode": True,
-                "transfer_id": tid,
-                "kv_destination": grpc_decode.ready["kv_listen"],
-            },
-        },
-    )
-    status, _, data = post(
-        f"{grpc_decode.url}/v1/completions",
-        {
-            **body,
-            "model": "gemma3-bf16",
-            "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": tid, "deadline_s": 10},
-        },
-    )
+    prefill_leg(prefill.url, body, tid, grpc_decode.ready["kv_listen"])
+    status, _, data = decode_leg(grpc_decode.url, {**body, "model": "gemma3-bf16"}, tid, 10)
 
     assert status == 503
     assert data["error"]["code"] == "kv_rejected"
@@ -122,6 +89,7 @@ def test_verify_cli_reports_match_as_json(engine_pair, grpc_decode, tmp_path):
     report = json.loads(out.read_text())
     assert report["ok"] is True
     assert report["chunk_aligned"] is True
+    assert report["local_chunked_prefill_tokens"] == 64
     assert report["fingerprints_equal"] is True
     assert [p["prompt_tokens"] for p in report["prompts"]] == [40, 200, 700]
     assert all(

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -14,8 +12,8 @@ import uuid
 import pytest
 
 from agents.engines.verify import make_prompt
-from tests.agents.engines.client import get, metric, post
-from tests.support import subprocess_env
+from tests.agents.engines.client import decode_leg, get, metric, post, prefill_leg
+from tests.agents.engines.conftest import serve_expecting_exit
 
 
 def _sse_events(raw: str) -> list[str]:
@@ -204,27 +202,10 @@ def test_fingerprint_mismatch_is_refused_before_decode(engine_pair, spool):
     prefill, decode = engine_pair
     tid = f"t-{uuid.uuid4().hex}"
     body = {"model": "qwen3-next", "prompt": "same prompt", "max_tokens": 4, "temperature": 0}
-    post(
-        f"{prefill.url}/v1/completions",
-        {
-            **body,
-            "kv_transfer_params": {
-                "do_remote_decode": True,
-                "transfer_id": tid,
-                "kv_destination": f"spool:{spool}",
-            },
-        },
-    )
+    prefill_leg(prefill.url, body, tid, f"spool:{spool}")
 
     # Same weights, other dtype: another architecture hash, hence another fingerprint.
-    status, headers, data = post(
-        f"{decode.url}/v1/completions",
-        {
-            **body,
-            "model": "qwen3-next-bf16",
-            "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": tid, "deadline_s": 10},
-        },
-    )
+    status, headers, data = decode_leg(decode.url, {**body, "model": "qwen3-next-bf16"}, tid, 10)
 
     assert status == 503
     assert data["error"]["type"] == "kv_transfer_error"
@@ -237,26 +218,9 @@ def test_prompt_mismatch_is_refused(engine_pair, spool):
     prefill, decode = engine_pair
     tid = f"t-{uuid.uuid4().hex}"
     body = {"model": "dense", "prompt": "one prompt", "max_tokens": 2, "temperature": 0}
-    post(
-        f"{prefill.url}/v1/completions",
-        {
-            **body,
-            "kv_transfer_params": {
-                "do_remote_decode": True,
-                "transfer_id": tid,
-                "kv_destination": f"spool:{spool}",
-            },
-        },
-    )
+    prefill_leg(prefill.url, body, tid, f"spool:{spool}")
 
-    status, _, data = post(
-        f"{decode.url}/v1/completions",
-        {
-            **body,
-            "prompt": "another prompt",
-            "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": tid},
-        },
-    )
+    status, _, data = decode_leg(decode.url, {**body, "prompt": "another prompt"}, tid)
 
     assert status == 503
     assert "different prompt" in data["error"]["message"]
@@ -271,12 +235,10 @@ def test_missing_kv_times_out_with_distinct_error_or_falls_back(engine_pair):
         "temperature": 0,
         "ignore_eos": True,
     }
-    kv = {"do_remote_prefill": True, "transfer_id": f"t-{uuid.uuid4().hex}", "deadline_s": 0.3}
+    tid = f"t-{uuid.uuid4().hex}"
 
-    status, _, err = post(f"{decode.url}/v1/completions", {**body, "kv_transfer_params": kv})
-    fb_status, fb_headers, fb = post(
-        f"{decode.url}/v1/completions", {**body, "kv_transfer_params": {**kv, "fallback": "local"}}
-    )
+    status, _, err = decode_leg(decode.url, body, tid, 0.3)
+    fb_status, fb_headers, fb = decode_leg(decode.url, body, tid + "-fb", 0.3, fallback="local")
     _, _, local = post(f"{decode.url}/v1/completions", body)
 
     assert status == 503
@@ -377,28 +339,49 @@ def test_client_disconnect_cancels_work(engine_pair):
 
 
 def test_weights_hash_mismatch_refuses_to_serve(models_dir):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pdbridge.cli",
-            "engine",
-            "serve",
-            "--model",
-            "dense",
-            "--models-dir",
-            str(models_dir),
-            "--expect-sha256",
-            "0" * 64,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=subprocess_env(),
-        check=False,
+    result = serve_expecting_exit(
+        "--model", "dense", "--models-dir", str(models_dir), "--expect-sha256", "0" * 64
     )
 
     assert result.returncode == 2
     assert "expect_sha256" in result.stderr
     assert "refusing to serve" in result.stderr
     assert result.stdout == ""
+
+
+def test_logprobs_completions_and_chat(engine_pair):
+    prefill, _ = engine_pair
+    body = {
+        "model": "dense",
+        "prompt": "abc",
+        "max_tokens": 3,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+
+    _, _, comp = post(f"{prefill.url}/v1/completions", {**body, "logprobs": 2})
+    chat_body = {
+        "model": "dense",
+        "messages": [{"role": "user", "content": "abc"}],
+        "max_tokens": 2,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
+    _, _, chat = post(f"{prefill.url}/v1/chat/completions", chat_body)
+    status, _, bad = post(f"{prefill.url}/v1/completions", {**body, "logprobs": 21})
+
+    lp = comp["choices"][0]["logprobs"]
+    assert len(lp["token_logprobs"]) == 3
+    assert all(len(top) <= 2 for top in lp["top_logprobs"])
+    # Greedy: the chosen token is the most likely one.
+    assert all(
+        abs(max(top.values()) - chosen) < 1e-6
+        for top, chosen in zip(lp["top_logprobs"], lp["token_logprobs"], strict=True)
+    )
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert len(content) == 2
+    assert all(len(c["top_logprobs"]) == 3 for c in content)
+    assert status == 400
+    assert bad["error"]["param"] == "logprobs"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from agents.engines.verify import compare, make_prompt
-from tests.agents.engines.client import post
-from tests.agents.engines.conftest import CHUNK, EngineProc, start_engine
+from tests.agents.engines.client import decode_leg, post, prefill_leg
+from tests.agents.engines.conftest import EngineProc, engine_args, start_engine
 
 
 @pytest.fixture(scope="module")
@@ -23,16 +23,9 @@ def unchecked_decode(models_dir, tmp_path_factory) -> EngineProc:
     spool = tmp_path_factory.mktemp("spool-unchecked")
     engine = start_engine(
         [
-            "--model",
-            "qwen3-next=qwen3-next",
-            "--models-dir",
-            str(models_dir),
+            *engine_args(models_dir, ["qwen3-next=qwen3-next"]),
             "--role",
             "decode",
-            "--chunked-prefill-tokens",
-            str(CHUNK),
-            "--threads",
-            "1",
             "--kv-spool",
             str(spool),
             "--no-verify-kv-digests",
@@ -46,17 +39,7 @@ def unchecked_decode(models_dir, tmp_path_factory) -> EngineProc:
 
 def _prefill_and_corrupt(prefill: EngineProc, staging: Path, body: dict, segment: str) -> str:
     tid = f"c-{uuid.uuid4().hex}"
-    status, _, _ = post(
-        f"{prefill.url}/v1/completions",
-        {
-            **body,
-            "kv_transfer_params": {
-                "do_remote_decode": True,
-                "transfer_id": tid,
-                "kv_destination": f"spool:{staging}",
-            },
-        },
-    )
+    status, _, _ = prefill_leg(prefill.url, body, tid, f"spool:{staging}")
     assert status == 200
     path = staging / tid / f"seg.{segment}"
     data = bytearray(path.read_bytes())
@@ -79,13 +62,7 @@ def test_corrupted_transfer_without_checksums_is_a_mismatch(
     tid = _prefill_and_corrupt(prefill, tmp_path, body, "L3.k")
     shutil.move(tmp_path / tid, unchecked_decode.spool / tid)
 
-    status, _, remote = post(
-        f"{unchecked_decode.url}/v1/completions",
-        {
-            **body,
-            "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": tid, "deadline_s": 10},
-        },
-    )
+    status, _, remote = decode_leg(unchecked_decode.url, body, tid, 10)
     _, _, local = post(f"{unchecked_decode.url}/v1/completions", body)
 
     assert status == 200  # nothing on the way noticed
@@ -107,13 +84,7 @@ def test_corrupted_transfer_with_digests_is_refused(engine_pair, spool, tmp_path
     tid = _prefill_and_corrupt(prefill, tmp_path, body, "L0.rec0")
     shutil.move(tmp_path / tid, spool / tid)
 
-    status, _, data = post(
-        f"{decode.url}/v1/completions",
-        {
-            **body,
-            "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": tid, "deadline_s": 10},
-        },
-    )
+    status, _, data = decode_leg(decode.url, body, tid, 10)
 
     assert status == 503
     assert data["error"]["code"] == "kv_corrupt"
@@ -163,3 +134,42 @@ def test_verify_cli_exit_2_when_engine_unreachable(capsys):
 
     assert code == 2
     assert "pdbridge verify:" in capsys.readouterr().err
+
+
+def _vllm_like(tokens: list[int], logprobs: list[float]) -> dict:
+    """A response shaped like vLLM's (token ids and logprobs, no logits digests)."""
+    return {
+        "usage": {"prompt_tokens": 10},
+        "choices": [
+            {
+                "token_ids": tokens,
+                "logprobs": {
+                    "token_logprobs": logprobs,
+                    "top_logprobs": [{str(t): lp} for t, lp in zip(tokens, logprobs, strict=True)],
+                },
+            }
+        ],
+    }
+
+
+def test_compare_uses_logprobs_without_digests():
+    from agents.engines.verify import compare
+
+    same = compare(
+        _vllm_like([1, 2, 3], [-0.1, -0.2, -0.3]), _vllm_like([1, 2, 3], [-0.1, -0.2, -0.3])
+    )
+    drift = compare(
+        _vllm_like([1, 2, 3], [-0.1, -0.2, -0.3]), _vllm_like([1, 2, 3], [-0.1, -0.25, -0.3])
+    )
+    tolerated = compare(
+        _vllm_like([1, 2, 3], [-0.1, -0.2, -0.3]),
+        _vllm_like([1, 2, 3], [-0.1, -0.2001, -0.3]),
+        0.001,
+    )
+
+    assert same == (True, 3, 3, None)
+    assert drift[0] is False
+    assert drift[3].kind == "logprobs"
+    assert drift[3].step == 1
+    assert drift[3].position == 11
+    assert tolerated[0] is True

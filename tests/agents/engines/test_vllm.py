@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from agents.engines.base import AdapterError, EngineSpec, adapter_names, get_adapter
 from agents.engines.vllm import VllmAdapter
 from agents.engines.vllm import main as vllm_main
+from tests.agents.engines.client import free_port
 
 
 def _spec(**kw) -> EngineSpec:
@@ -137,18 +137,12 @@ def test_vllm_command_cli_prints_argv(capsys):
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_adapter_lifecycle_against_recording_stand_in(tmp_path: Path, monkeypatch):
     record = tmp_path / "record.json"
     monkeypatch.setenv("FAKE_VLLM_RECORD", str(record))
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     stand_in = [sys.executable, str(Path(__file__).with_name("fake_vllm.py"))]
-    adapter = VllmAdapter(_spec(role="decode", port=_free_port(), executable=stand_in, devices="1"))
+    adapter = VllmAdapter(_spec(role="decode", port=free_port(), executable=stand_in, devices="1"))
 
     adapter.start()
     try:

@@ -59,3 +59,11 @@ def test_byte_tokenizer_roundtrip():
     ids = tok.encode("héllo")
     assert ids[0] == tok.BOS
     assert tok.decode(ids) == "héllo"
+
+
+def test_checkpoint_directory_needs_one_weights_file(tmp_path):
+    (tmp_path / "a.gguf").write_bytes(b"x")
+    (tmp_path / "b.gguf").write_bytes(b"y")
+
+    with pytest.raises(zoo.ModelError, match=r"exactly one \.gguf"):
+        zoo.load_model(tmp_path, name="x")

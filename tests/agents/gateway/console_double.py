@@ -24,13 +24,14 @@ class ConsoleDouble:
         self.snapshot["routing"].update(routing)
         self.snapshot["version"] += 1
 
-    async def start(self) -> ConsoleDouble:
+    async def start(self, ssl_context: Any = None) -> ConsoleDouble:
         app = web.Application()
         app.router.add_get("/api/deployments/{id}/config/", self.config)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        await web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=ssl_context).start()
+        scheme = "https" if ssl_context else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.runner.addresses[0][1]}"
         return self
 
     async def stop(self) -> None:

@@ -55,6 +55,7 @@ class EngineDouble:
         self.token_delay_s = 0.0
         self.drop_kv = False
         self.die_after_events: int | None = None
+        self.max_prompt_chars = 30_000
         self.waiting = 0
         self.requests: list[dict[str, Any]] = []
         self.raw_bodies: list[bytes] = []
@@ -65,7 +66,7 @@ class EngineDouble:
         self.runner: web.AppRunner | None = None
         self.url = ""
 
-    async def start(self) -> EngineDouble:
+    async def start(self, ssl_context: Any = None) -> EngineDouble:
         app = web.Application()
         app.router.add_post("/v1/completions", self.generate)
         app.router.add_post("/v1/chat/completions", self.generate)
@@ -74,9 +75,10 @@ class EngineDouble:
         app.router.add_post("/tokenize", self.tokenize)
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=ssl_context)
         await site.start()
-        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        scheme = "https" if ssl_context else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.runner.addresses[0][1]}"
         return self
 
     async def stop(self) -> None:
@@ -124,6 +126,12 @@ class EngineDouble:
         kv = body.get("kv_transfer_params") or {}
         chat = "messages" in body
         prompt = body["messages"] if chat else body["prompt"]
+        if len(json.dumps(prompt)) > self.max_prompt_chars:
+            return web.json_response(
+                {"error": {"message": "prompt too long", "type": "invalid_request_error",
+                           "param": "prompt", "code": "context_length_exceeded"}},
+                status=400,
+            )  # fmt: skip
         if kv.get("do_remote_decode"):
             await asyncio.sleep(self.prefill_delay_s)
             if not self.drop_kv:

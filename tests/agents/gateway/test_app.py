@@ -276,12 +276,6 @@ def test_fallback_disabled_gives_503_without_touching_decode():
             "kv_transfer_params",
         ),
         (
-            json.dumps({"model": "tiny", "prompt": "w " * 20000}).encode(),
-            400,
-            "context_length_exceeded",
-            "prompt",
-        ),
-        (
             json.dumps({"model": "tiny", "prompt": list(range(9000))}).encode(),
             400,
             "context_length_exceeded",
@@ -459,3 +453,21 @@ def test_metrics_exported_with_prefix():
     assert "pdbridge_gateway_effective_threshold_tokens 100.0" in metrics
     assert "pdbridge_gateway_remote_share_ratio 1.0" in metrics
     assert 'pdbridge_gateway_requests_in_flight{path="remote"} 0.0' in metrics
+
+
+def test_engine_refusal_is_relayed_and_does_not_trip_the_breaker():
+    async def scenario():
+        async with gateway_env() as env:
+            results = [await env.post(completion("w " * 20000)) for _ in range(4)]
+            breaker = env.gateway.router.site_breakers["remote"].state
+            return results, breaker, await env.metrics()
+
+    results, breaker, metrics = run(scenario())
+
+    for status, headers, body in results:
+        assert status == 400
+        assert headers["x-pdbridge-path"] == "remote"
+        assert json.loads(body)["error"]["code"] == "context_length_exceeded"
+    assert breaker == "closed"
+    assert 'pdbridge_gateway_requests_total{outcome="client_error",path="remote"} 4.0' in metrics
+    assert 'pdbridge_gateway_fallbacks_total{cause="prefill_error"} 0.0' in metrics

@@ -87,3 +87,71 @@ def test_unknown_setting_is_refused(tmp_path):
 
     assert result.returncode == 2
     assert "settings.fallback_rate: unknown setting" in result.stderr
+
+
+def test_tls_everywhere_without_insecure(tmp_path):
+    """Gateway served over TLS; console and engines over mTLS (they require the gateway's
+    client certificate, signed by the test CA)."""
+    import asyncio
+    import ssl
+
+    import aiohttp
+
+    from grpc_kv.certs import create_ca, create_node_cert
+    from tests.agents.gateway.console_double import ConsoleDouble
+    from tests.agents.gateway.engine_double import EngineDouble, KvStore
+
+    ca = create_ca(tmp_path / "ca")
+    server = create_node_cert(ca, tmp_path / "certs", "services")
+    gateway_cert = create_node_cert(ca, tmp_path / "certs", "gateway")
+
+    def mtls_server() -> ssl.SSLContext:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(ca.ca_file))
+        context.load_cert_chain(server.cert_file, server.key_file)
+        context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    async def scenario():
+        kv = KvStore()
+        decode = await EngineDouble("decode", kv).start(mtls_server())
+        prefill = await EngineDouble("prefill", kv).start(mtls_server())
+        console = await ConsoleDouble(
+            snapshot(decode_urls=(decode.url,), prefill_sites={"remote": (prefill.url,)})
+        ).start(mtls_server())
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "pdbridge.cli", "gateway", "--deployment", "1",
+            "--console", console.url, "--token", "node-token", "--port", "0",
+            "--state-dir", str(tmp_path), "--tls-cert", str(gateway_cert.cert_file),
+            "--tls-key", str(gateway_cert.key_file), "--ca-file", str(ca.ca_file),
+            "--client-cert", str(gateway_cert.cert_file), "--client-key", str(gateway_cert.key_file),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL, env=subprocess_env(),
+        )  # fmt: skip
+        try:
+            line = (await asyncio.wait_for(proc.stdout.readline(), 60)).decode()
+            port = int(line.strip().rsplit(":", 1)[1])
+            client_tls = ssl.create_default_context(cafile=str(ca.ca_file))
+            async with aiohttp.ClientSession() as client:
+                url = f"https://127.0.0.1:{port}"
+                async with client.get(url + "/health", ssl=client_tls) as r:
+                    health = await r.json()
+                body = {"model": "tiny", "prompt": "word " * 200, "max_tokens": 3}
+                async with client.post(url + "/v1/completions", json=body, ssl=client_tls) as r:
+                    routed = (r.status, r.headers["x-pdbridge-path"])
+                with_plain_http = None
+                try:
+                    async with client.get(f"http://127.0.0.1:{port}/health") as r:
+                        with_plain_http = r.status
+                except aiohttp.ClientError:
+                    with_plain_http = "refused"
+            return health, routed, with_plain_http
+        finally:
+            proc.terminate()
+            await proc.wait()
+            for double in (console, decode, prefill):
+                await double.stop()
+
+    health, routed, with_plain_http = asyncio.run(scenario())
+
+    assert health == {"status": "ok", "config_version": 3}
+    assert routed == (200, "remote")
+    assert with_plain_http in ("refused", 400)

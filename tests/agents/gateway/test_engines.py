@@ -371,23 +371,44 @@ def test_kill_switch_from_console_within_one_poll_in_flight_finishes(engines, tm
 
 @pytest.mark.netns
 def test_link_cut_between_namespaces_fails_no_request_and_traffic_returns(engines, tmp_path):
-    """The remote prefill engine runs in its own network namespace; the WAN link (a veth
-    pair) is set down mid-traffic and up again."""
+    """Two sites: the remote prefill engine in its own network namespace, the decode engine
+    (with an embedded grpc_kv receiver) and the gateway in the root namespace, joined by a
+    veth pair that carries both the prefill leg and the KV. Remote answers match local ones
+    token for token; the link is set down mid-traffic and up again."""
     from tests.agents.gateway.netns import remote_site, start_engine_in
 
-    _, decode, spool, models_dir = engines
+    _, _, _, models_dir = engines
     settings = replace(SETTINGS, prefill_timeout_s=1.5, connect_timeout_s=0.5)
     results: list[tuple[float, int, str]] = []
-    marks: dict[str, float] = {}
+    marks: dict[str, Any] = {}
     with remote_site() as site:
-        remote = start_engine_in(
-            site, _engine_args(models_dir, "--role", "both"), tmp_path / "p.log"
-        )
+        decode = start_engine(
+            _engine_args(models_dir, "--role", "decode", "--host", site.local_ip, "--insecure",
+                         "--kv-listen", f"{site.local_ip}:0", "--kv-insecure"),
+            tmp_path / "decode.log",
+        )  # fmt: skip
+        # start_engine assumes loopback; this one listens on the local end of the link.
+        decode.url = f"http://{site.local_ip}:{decode.ready['port']}"
+        try:
+            remote = start_engine_in(
+                site,
+                _engine_args(models_dir, "--role", "both", "--kv-insecure"),
+                tmp_path / "p.log",
+            )
+        except BaseException:
+            decode.stop()
+            raise
+        data = _snapshot(decode, remote.url, Path("unused"))
+        data["pools"]["decode"]["nodes"][0]["kv_address"] = decode.ready["kv_listen"]
+        check = {"model": "tiny", "prompt": make_prompt(300, seed=11), "max_tokens": 8,
+                 "temperature": 0, "ignore_eos": True}  # fmt: skip
         try:
 
             async def scenario():
-                data = _snapshot(decode, remote.url, spool)
                 async with serving(data, settings) as (_, client, url):
+                    marks["remote"] = await _completion(client, url, check)
+                    async with client.post(decode.url + "/v1/completions", json=check) as r:
+                        marks["local"] = await r.json()
                     stop = asyncio.Event()
 
                     async def chaos() -> None:
@@ -405,13 +426,17 @@ def test_link_cut_between_namespaces_fails_no_request_and_traffic_returns(engine
             asyncio.run(scenario())
         finally:
             remote.stop()
+            decode.stop()
 
+    status, path, remote_doc = marks["remote"]
+    assert (status, path) == (200, "remote")
+    assert compare(marks["local"], remote_doc) == (True, 8, 8, None)
     assert [r for r in results if r[1] != 200] == []
     assert "remote" in {p for t, _, p in results if t < marks["cut"]}
     assert "fallback" in {p for t, _, p in results if marks["cut"] < t < marks["restored"]}
     back = [t for t, _, p in results if t > marks["restored"] and p == "remote"]
     assert back, "traffic did not return to the remote path after the link came back"
     print(
-        f"\nlink cut (veth down): {len(results)} requests, 0 failed, "
+        f"\nlink cut (veth down, KV over grpc_kv): {len(results)} requests, 0 failed, "
         f"back to remote {back[0] - marks['restored']:.2f} s after restore"
     )
