@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
@@ -411,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
             "added_itl_p99_ms": 5,
             "saturation_ratio": 0.8,
         },
+        # The gateway process's loop (settings.event_loop: auto); the bare proxy runs asyncio's.
+        "gateway_event_loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         "settings": {k: v for k, v in vars(args).items() if k != "mode"},
         "cpus": os.cpu_count(),
     }
@@ -435,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{overhead['bare_proxy_added_ttft_p99_ms']:.2f} ms, added ITL p99 "
         f"{overhead['bare_proxy_added_itl_p99_ms']:.2f} ms"
     )
+    print(f"gateway event loop: {result['gateway_event_loop']} (bare proxy: asyncio)")
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2))
     print(f"written {OUT}")
