@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import random
@@ -299,15 +300,33 @@ def decisions_per_second(n: int) -> float:
 
 
 # -- orchestration ---------------------------------------------------------------------------
-async def _overhead(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any]:
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far (Linux ``/proc``; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _overhead(
+    args: argparse.Namespace, urls: dict[str, str], pids: dict[str, int]
+) -> dict[str, Any]:
     rounds: list[dict[str, Any]] = []
     for _ in range(args.rounds):
         row: dict[str, Any] = {}
         for name, url in urls.items():
+            before = _cpu_s(pids[name])
+            result = await paced(url, args.streams, args.tokens, 1000 / args.tok_s, args.per_client)
+            after = _cpu_s(pids[name])
+            if before is not None and after is not None:
+                # CPU of the serving process per paced stream: unlike latency, barely moved by
+                # other load on the machine, so the gateway/bare-proxy ratio reads true anywhere.
+                result["cpu_ms_per_stream"] = (
+                    (after - before) * 1000 / (args.streams * args.per_client)
+                )
             row[name] = {
-                "paced": await paced(
-                    url, args.streams, args.tokens, 1000 / args.tok_s, args.per_client
-                ),
+                "paced": result,
                 "saturation_rps": await saturate(url, args.clients, args.seconds, 64),
             }
         rounds.append(row)
@@ -319,7 +338,14 @@ async def _overhead(args: argparse.Namespace, urls: dict[str, str]) -> dict[str,
     direct_rps = statistics.median(r["direct"]["saturation_rps"] for r in rounds)
     gateway_rps = statistics.median(r["gateway"]["saturation_rps"] for r in rounds)
     bare_rps = statistics.median(r["bare_proxy"]["saturation_rps"] for r in rounds)
+    cpu = {
+        name: statistics.median(
+            r[name]["paced"].get("cpu_ms_per_stream", float("nan")) for r in rounds
+        )
+        for name in urls
+    }
     return {
+        "paced_cpu_ms_per_stream": cpu,
         "bare_proxy_rps": bare_rps,
         "bare_proxy_ratio": bare_rps / direct_rps,
         "bare_proxy_added_ttft_p50_ms": med("bare_proxy", "ttft_p50_ms")
@@ -352,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=4)
     p.add_argument("--decisions", type=int, default=200_000)
     p.add_argument("--inprocess-requests", type=int, default=500)
+    p.add_argument(
+        "--event-loop", default="auto", choices=["auto", "uvloop", "asyncio"],
+        help="the gateway process's settings.event_loop",
+    )  # fmt: skip
     args = p.parse_args(argv)
     if args.mode == "upstream":
         asyncio.run(_upstream_main())
@@ -375,7 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         config = Path(tmp) / "snapshot.json"
         config.write_text(json.dumps(_snapshot(f"http://127.0.0.1:{up_port}")))
         settings = Path(tmp) / "settings.yaml"
-        settings.write_text(f"scrape_interval_s: 0\nstate_dir: {tmp}\n")
+        settings.write_text(
+            f"scrape_interval_s: 0\nstate_dir: {tmp}\nevent_loop: {args.event_loop}\n"
+        )
         bare, bare_port = _spawn(
             ["-m", "bench.gateway", "bare-proxy", "--upstream", f"http://127.0.0.1:{up_port}"],
             "json",
@@ -394,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                         "bare_proxy": f"http://127.0.0.1:{bare_port}",
                         "gateway": f"http://127.0.0.1:{gw_port}",
                     },
+                    {"direct": upstream.pid, "bare_proxy": bare.pid, "gateway": gateway.pid},
                 )
             )
         finally:
@@ -411,6 +444,12 @@ def main(argv: list[str] | None = None) -> int:
             "added_itl_p99_ms": 5,
             "saturation_ratio": 0.8,
         },
+        # The gateway process's loop (settings.event_loop: auto); the bare proxy runs asyncio's.
+        "gateway_event_loop": (
+            "uvloop"
+            if args.event_loop != "asyncio" and importlib.util.find_spec("uvloop")
+            else "asyncio"
+        ),
         "settings": {k: v for k, v in vars(args).items() if k != "mode"},
         "cpus": os.cpu_count(),
     }
@@ -435,6 +474,12 @@ def main(argv: list[str] | None = None) -> int:
         f"{overhead['bare_proxy_added_ttft_p99_ms']:.2f} ms, added ITL p99 "
         f"{overhead['bare_proxy_added_itl_p99_ms']:.2f} ms"
     )
+    cpu = overhead["paced_cpu_ms_per_stream"]
+    print(
+        f"paced CPU per stream: upstream {cpu['direct']:.2f} ms, bare proxy "
+        f"{cpu['bare_proxy']:.2f} ms, gateway {cpu['gateway']:.2f} ms"
+    )
+    print(f"gateway event loop: {result['gateway_event_loop']} (bare proxy: asyncio)")
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2))
     print(f"written {OUT}")

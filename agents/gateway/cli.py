@@ -15,6 +15,7 @@ import dataclasses
 import os
 import ssl
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from agents.gateway import logs
@@ -83,7 +84,29 @@ def main(argv: list[str]) -> int:
         if args.client_cert and args.client_key:
             ssl_client.load_cert_chain(args.client_cert, args.client_key)
     logs.configure(args.log_level)
-    return asyncio.run(_run(args, settings, ssl_server, ssl_client))
+    try:
+        factory = loop_factory(settings.event_loop)
+    except ConfigError as error:
+        print(f"pdbridge gateway: {error}", file=sys.stderr)
+        return 2
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(_run(args, settings, ssl_server, ssl_client))
+
+
+def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event-loop factory for ``settings.event_loop`` (None: asyncio's default loop).
+    ``auto`` takes uvloop when it is installed (an optional dependency) and asyncio's loop
+    otherwise; ``uvloop`` without uvloop installed raises :class:`ConfigError`."""
+    if name == "asyncio":
+        return None
+    try:
+        import uvloop  # optional dependency, imported only when asked for
+    except ImportError as error:
+        if name == "uvloop":
+            raise ConfigError("settings.event_loop: uvloop is not installed") from error
+        return None
+    factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+    return factory
 
 
 async def _run(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import ssl
@@ -146,7 +147,11 @@ async def start(
             )
         )
     running.tasks.append(asyncio.create_task(_every(settings.retune_interval_s, retune, "retune")))
-    log.info("gateway.listening", extra={"host": settings.host, "port": port})
+    loop = type(asyncio.get_running_loop())
+    log.info(
+        "gateway.listening",
+        extra={"host": settings.host, "port": port, "event_loop": loop.__module__.split(".")[0]},
+    )
     return running
 
 
@@ -155,6 +160,11 @@ async def serve_forever(
 ) -> None:
     """Run until SIGINT/SIGTERM, then stop gracefully."""
     running = await start(gateway, poller=poller, ssl_server=ssl_server)
+    # What exists now (modules, config, metric families) lives as long as the process: kept
+    # out of the collector, a full collection walks only the in-flight requests' objects, so
+    # its pause (which every open stream feels as inter-token delay) stays short.
+    gc.collect()
+    gc.freeze()
     print(f"pdbridge gateway listening on {gateway.settings.host}:{running.port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

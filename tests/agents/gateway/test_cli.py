@@ -6,6 +6,8 @@ import sys
 import time
 import urllib.request
 
+import pytest
+
 from tests.agents.gateway.snapshots import snapshot
 from tests.support import subprocess_env
 
@@ -155,3 +157,47 @@ def test_tls_everywhere_without_insecure(tmp_path):
     assert health == {"status": "ok", "config_version": 3}
     assert routed == (200, "remote")
     assert with_plain_http in ("refused", 400)
+
+
+def _listening_event(tmp_path, settings_text):
+    config = tmp_path / "snapshot.json"
+    config.write_text(json.dumps(snapshot(version=3)))
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(settings_text)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pdbridge.cli", "gateway", "--config", str(config),
+         "--settings", str(settings), "--insecure", "--port", "0", "--state-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=subprocess_env(),
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("pdbridge gateway listening on"), proc.stderr.read()
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=15)
+    docs = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
+    return next(doc for doc in docs if doc["event"] == "gateway.listening")
+
+
+def test_event_loop_setting_picks_the_loop(tmp_path):
+    """``auto`` runs on uvloop when it is installed (it is a dependency), ``asyncio`` forces
+    the standard loop; the listening event says which one serves."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        expected_auto = "asyncio"
+    else:
+        expected_auto = "uvloop"
+    assert _listening_event(tmp_path, "event_loop: auto\n")["event_loop"] == expected_auto
+    assert _listening_event(tmp_path, "event_loop: asyncio\n")["event_loop"] == "asyncio"
+
+
+def test_loop_factory_without_uvloop_installed(monkeypatch):
+    """Optional-safe: ``auto`` falls back to asyncio's loop, ``uvloop`` is a named error."""
+    from agents.gateway.cli import loop_factory
+    from agents.gateway.config import ConfigError
+
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # makes ``import uvloop`` fail
+    assert loop_factory("auto") is None
+    with pytest.raises(ConfigError, match=r"settings\.event_loop: uvloop is not installed"):
+        loop_factory("uvloop")

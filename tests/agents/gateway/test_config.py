@@ -107,6 +107,7 @@ def test_settings_from_yaml(tmp_path):
         ({"port": "x"}, "settings.port: must be a number"),
         ({"tokenize": 1}, "settings.tokenize: must be true or false"),
         ({"port": -1}, "settings.port: must be within"),
+        ({"event_loop": "tokio"}, "settings.event_loop: must be one of auto, uvloop, asyncio"),
     ],
 )
 def test_bad_settings_name_the_key(data, message):
