@@ -37,7 +37,7 @@ from grpc_kv.codec import (
     split,
     transfer_digest,
 )
-from grpc_kv.link import EOF, Link, varint
+from grpc_kv.link import EOF, Link
 from grpc_kv.manifest import TransferHeader
 from grpc_kv.options import LinkOptions
 from grpc_kv.protocol import PROTOCOL_VERSION, pb
@@ -49,6 +49,7 @@ from grpc_kv.results import (
     _StreamStalled,
 )
 from grpc_kv.tls import TLSConfig
+from grpc_kv.wire import varint
 
 log = logging.getLogger("grpc_kv.sender")
 ROLE = "sender"
