@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from grpc_kv.alloc import tune_allocator
 from grpc_kv.metrics import SENDER_METRICS, LinkMetrics
 from grpc_kv.options import LinkOptions, grpc_options
 from grpc_kv.protocol import PACKAGE, pb
@@ -69,6 +70,7 @@ class Link:
         self.options = options or LinkOptions()
         self.tls = tls
         self.metrics = metrics or SENDER_METRICS
+        tune_allocator()
         max_message = self.options.chunk_size_bytes + (1 << 20)
         self._opts = grpc_options(max(max_message, 64 << 20), self.options.keepalive_ms)
         self.channels = [
