@@ -8,17 +8,21 @@ keeps one per decode site). Not thread-safe; use from one asyncio loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from typing import Any
 
 import grpc
 
+from grpc_kv.alloc import tune_allocator
 from grpc_kv.metrics import SENDER_METRICS, LinkMetrics
 from grpc_kv.options import LinkOptions, grpc_options
 from grpc_kv.protocol import PACKAGE, pb
 from grpc_kv.tls import TLSConfig
+from grpc_kv.wire import varint
 
+log = logging.getLogger("grpc_kv.link")
 METHOD = f"/{PACKAGE}.KvLink/"
 #: End-of-stream marker of grpc.aio calls (missing from the type stubs).
 EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
@@ -66,6 +70,7 @@ class Link:
         self.options = options or LinkOptions()
         self.tls = tls
         self.metrics = metrics or SENDER_METRICS
+        tune_allocator()
         max_message = self.options.chunk_size_bytes + (1 << 20)
         self._opts = grpc_options(max(max_message, 64 << 20), self.options.keepalive_ms)
         self.channels = [
@@ -77,6 +82,7 @@ class Link:
         self._window_start = time.monotonic()
         self.goodput_bytes_per_s = 0.0
         self._measuring: asyncio.Future[dict[str, Any]] | None = None
+        self._probe_failed_at = -PROBE_RETRY_S
 
     def unary(self, index: int, name: str, response: Any) -> Any:
         return self.channels[index % len(self.channels)].unary_unary(
@@ -110,10 +116,25 @@ class Link:
         cached = _MEASURED.get(self.target)
         if cached is not None and time.monotonic() - cached[0] < 60:
             return cached[1]
+        if time.monotonic() - self._probe_failed_at < PROBE_RETRY_S:
+            return self.goodput_bytes_per_s
         if self._measuring is None:
             self._measuring = asyncio.ensure_future(self.measure_rate(0.3, 32 << 20))
         try:
             rate = (await asyncio.shield(self._measuring))["bytes_per_s"]
+        except CONNECTION_ERRORS as exc:
+            # The probe shares the link's connections: a broken one (reset, a TLS record
+            # failing its MAC -> INTERNAL) is a connection failure the push streams handle
+            # by reconnecting and resuming. Fall back to the goodput seen (0: ``auto``
+            # compresses) and measure again later, never fail the transfer for it.
+            self._probe_failed_at = time.monotonic()
+            log.warning(
+                "rate_probe_failed target=%s error=%s fallback_bytes_per_s=%.0f",
+                self.target,
+                _describe(exc),
+                self.goodput_bytes_per_s,
+            )
+            return self.goodput_bytes_per_s
         finally:
             self._measuring = None
         _MEASURED[self.target] = (time.monotonic(), rate)
@@ -121,7 +142,8 @@ class Link:
 
     async def measure_rate(self, seconds: float, max_bytes: int | None = None) -> dict[str, Any]:
         """Push random 1 MiB probe blocks over every connection for ``seconds`` (or until
-        ``max_bytes``); returns bytes, seconds (receiver-timed) and bytes_per_s."""
+        ``max_bytes``); returns bytes, seconds (receiver-timed) and bytes_per_s. A broken
+        connection raises one of CONNECTION_ERRORS (the other probes are stopped)."""
         block = os.urandom(PROBE_BLOCK)
         frame = b"\x0a" + varint(len(block)) + block  # ProbeBlock{payload}: field 1, bytes
         budget = (max_bytes or 1 << 62) // len(self.channels)
@@ -137,7 +159,13 @@ class Link:
             return await call
 
         start = time.perf_counter()
-        replies = await asyncio.gather(*(one(i) for i in range(len(self.channels))))
+        tasks = [asyncio.ensure_future(one(i)) for i in range(len(self.channels))]
+        try:
+            replies = await asyncio.gather(*tasks)
+        finally:  # one connection failed: stop probing the others too
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
         wall = time.perf_counter() - start
         total = sum(int(r.bytes) for r in replies)
         # Receiver-side timing excludes the sender's socket buffering; else wall time.
@@ -186,19 +214,17 @@ class Link:
 
 _MEASURED: dict[str, tuple[float, float]] = {}
 PROBE_BLOCK = 1 << 20
+#: After a failed rate probe, the goodput estimate stands in for this long.
+PROBE_RETRY_S = 5.0
+#: What a call on a broken connection raises in grpc.aio (an RPC error, or a write on a
+#: call that already ended).
+CONNECTION_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError)
 
 
-def varint(value: int) -> bytes:
-    """Protobuf base-128 varint (frames assembled by hand around big payloads)."""
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _serialize(message: Any) -> bytes:

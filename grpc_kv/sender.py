@@ -22,7 +22,6 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -32,12 +31,10 @@ from grpc_kv.codec import (
     CODEC_TO_PB,
     AutoCodec,
     Codec,
-    checksum,
-    compress,
     split,
     transfer_digest,
 )
-from grpc_kv.link import EOF, Link, varint
+from grpc_kv.link import EOF, Link
 from grpc_kv.manifest import TransferHeader
 from grpc_kv.options import LinkOptions
 from grpc_kv.protocol import PROTOCOL_VERSION, pb
@@ -49,6 +46,7 @@ from grpc_kv.results import (
     _StreamStalled,
 )
 from grpc_kv.tls import TLSConfig
+from grpc_kv.wire import OutChunk, encode_chunk
 
 log = logging.getLogger("grpc_kv.sender")
 ROLE = "sender"
@@ -64,36 +62,6 @@ _FATAL = {
     grpc.StatusCode.DATA_LOSS,
     grpc.StatusCode.NOT_FOUND,
 }
-
-
-@dataclass(eq=False, repr=False)  # identity semantics: frames are megabytes
-class _Chunk:
-    seq: int
-    frame: bytes
-    raw: int
-    wire: int
-    checksum: int
-    attempts: int = 0
-    sends: int = 0
-    conn: int = -1
-    queued: bool = False
-
-
-_PAYLOAD_TAG = b"\x4a"  # Chunk.payload: field 9, length-delimited
-
-
-def _encode(
-    data: memoryview, codec: Codec, level: int, kind: Any, head: Any
-) -> tuple[bytes, int, float]:
-    """Build a Chunk frame (blocking): the small fields through protobuf, the payload
-    appended by hand so that uncompressed data is copied once, not three times. Returns
-    (frame, payload length, seconds spent compressing)."""
-    start = time.perf_counter()
-    payload: bytes | memoryview = data if codec is Codec.NONE else compress(codec, data, level)
-    spent = time.perf_counter() - start
-    head.checksum = checksum(kind, data)
-    frame = b"".join((head.SerializeToString(), _PAYLOAD_TAG, varint(len(payload)), payload))
-    return frame, len(payload), spent
 
 
 class Transfer:
@@ -112,9 +80,9 @@ class Transfer:
         self._checksums: list[int] = []
         self._layer_ends: dict[str, int] = {}
         self._final_layers: set[str] = set()
-        self._queue: deque[_Chunk] = deque()
-        self._inflight: dict[int, _Chunk] = {}
-        self._unacked: dict[int, _Chunk] = {}
+        self._queue: deque[OutChunk] = deque()
+        self._inflight: dict[int, OutChunk] = {}
+        self._unacked: dict[int, OutChunk] = {}
         self._buffered = 0
         self._closed = False  # producer called finish
         self._error: TransferError | None = None
@@ -236,7 +204,8 @@ class Transfer:
         """Queue ``data`` as the bytes of layer ``name`` starting at ``offset`` (default:
         where the layer's previous segment ended; segments are append-only). ``final``
         marks the layer complete. Returns when queued; blocks while the send buffer is
-        full. Raises ValueError for a layer not in the manifest, a gap/overlap, or data
+        full. ``bytes`` are referenced until acknowledged; any other buffer is copied
+        before this returns, so the caller may reuse it at once. Raises ValueError for a layer not in the manifest, a gap/overlap, or data
         after final; TransferError when the transfer has failed."""
         self._raise_if_failed()
         if self._closed:
@@ -251,14 +220,20 @@ class Transfer:
         if offset != end:
             raise ValueError(f"offset: layer {name!r} continues at {end}, got {offset}")
         view = memoryview(data).cast("B")
+        # bytes cannot change under us: their chunks are referenced, not copied, until
+        # acknowledged. Any other buffer is copied into its frames here.
+        lazy = isinstance(data, bytes) or isinstance(view.obj, bytes)
         pieces = list(split(view, self.options.chunk_size_bytes))
         for i, (start, piece) in enumerate(pieces):
-            await self._enqueue(name, offset + start, piece, final and i == len(pieces) - 1)
+            last = final and i == len(pieces) - 1
+            await self._enqueue(name, offset + start, piece, last, lazy)
         self._layer_ends[name] = offset + len(view)
         if final:
             self._final_layers.add(name)
 
-    async def _enqueue(self, layer: str, offset: int, piece: memoryview, final: bool) -> None:
+    async def _enqueue(
+        self, layer: str, offset: int, piece: memoryview, final: bool, lazy: bool
+    ) -> None:
         codec = self.options.compression
         if codec is Codec.AUTO:
             codec = self._auto.choose(piece, await self.link.link_bytes_per_s())
@@ -273,15 +248,17 @@ class Transfer:
             codec=CODEC_TO_PB[codec],
             raw_length=len(piece),
         )
-        args = (piece, codec, self.options.zstd_level, self.options.checksum, head)
-        if len(piece) > _THREAD_ENCODE_BYTES:
-            frame, wire, spent = await asyncio.to_thread(_encode, *args)
+        args = (piece, codec, self.options.zstd_level, self.options.checksum, head, lazy)
+        # Uncompressed chunks cost one copy and a checksum (about a millisecond for 4 MiB):
+        # cheaper on the loop than a thread hop, which on a busy machine waits for a core.
+        if len(piece) > _THREAD_ENCODE_BYTES and codec is not Codec.NONE:
+            encoded, wire, spent = await asyncio.to_thread(encode_chunk, *args)
         else:
-            frame, wire, spent = _encode(*args)
+            encoded, wire, spent = encode_chunk(*args)
         if self.options.compression is Codec.AUTO and codec is not Codec.NONE:
             self._auto.observe(codec, len(piece), spent)
         raw_sum = int(head.checksum)
-        chunk = _Chunk(seq, frame, len(piece), wire, raw_sum)
+        chunk = OutChunk(seq, encoded, len(piece), wire, raw_sum)
         self._checksums.append(raw_sum)
         self.summary.codecs[codec.value] = self.summary.codecs.get(codec.value, 0) + 1
         async with self._cond:
@@ -381,7 +358,7 @@ class Transfer:
         await asyncio.gather(*self._workers, return_exceptions=True)
 
     # -- workers -------------------------------------------------------------------------
-    def _acked(self, chunk: _Chunk) -> None:
+    def _acked(self, chunk: OutChunk) -> None:
         if self._unacked.pop(chunk.seq, None) is None:
             return
         self._inflight.pop(chunk.seq, None)
@@ -390,7 +367,7 @@ class Transfer:
             chunk.queued = False
         self._buffered -= chunk.wire
 
-    async def _next(self, index: int, reader: asyncio.Task[None]) -> _Chunk | None:
+    async def _next(self, index: int, reader: asyncio.Task[None]) -> OutChunk | None:
         async with self._cond:
             while True:
                 if reader.done():
@@ -408,7 +385,7 @@ class Transfer:
                 if self.remaining() <= 0:
                     return None
 
-    async def _requeue(self, chunk: _Chunk, counts: bool) -> None:
+    async def _requeue(self, chunk: OutChunk, counts: bool) -> None:
         """Put a chunk back at the front; ``counts``: the attempt counts against retry."""
         async with self._cond:
             if chunk.seq not in self._unacked:
@@ -425,7 +402,7 @@ class Transfer:
                 chunk.queued = True
             self._cond.notify_all()
 
-    def _requeue_later(self, chunk: _Chunk, delay: float) -> None:
+    def _requeue_later(self, chunk: OutChunk, delay: float) -> None:
         def fire() -> None:
             task = asyncio.ensure_future(self._requeue(chunk, counts=False))
             self._timers.add(task)
@@ -485,7 +462,7 @@ class Transfer:
                     await self._requeue(chunk, counts=False)
                     break
                 try:
-                    await call.write(chunk.frame)
+                    await call.write(chunk.frame())
                 except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
                     await self._requeue(chunk, counts=True)
                     break

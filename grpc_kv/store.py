@@ -24,6 +24,7 @@ from grpc_kv.codec import (
     PB_TO_CHECKSUM,
     PB_TO_CODEC,
     Checksum,
+    Codec,
     CodecError,
     CorruptChunk,
     checksum,
@@ -93,16 +94,23 @@ class _Transfer:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-def decode_chunk(chunk: Any, kind: Checksum, max_chunk: int) -> bytes:
-    """Decode and verify one chunk (blocking). ChunkRejected for impossible chunks,
-    CorruptChunk when bytes do not match the checksum."""
+def decode_chunk(
+    chunk: Any, payload: bytes | memoryview, kind: Checksum, max_chunk: int
+) -> bytes | memoryview:
+    """Decode and verify one chunk whose payload was cut out of its frame (blocking).
+    An uncompressed payload comes back as the same view, uncopied. ChunkRejected for
+    impossible chunks, CorruptChunk when bytes do not match the checksum."""
     if chunk.raw_length > max_chunk:
         raise ChunkRejected(f"chunk.raw_length {chunk.raw_length} exceeds the maximum {max_chunk}")
     codec = PB_TO_CODEC.get(chunk.codec)
     if codec is None:
         raise ChunkRejected(f"chunk.codec {chunk.codec} is unknown")
+    data: bytes | memoryview
     try:
-        data = decompress(codec, chunk.payload, chunk.raw_length)
+        if codec is Codec.NONE and len(payload) == chunk.raw_length:
+            data = payload
+        else:
+            data = decompress(codec, payload, chunk.raw_length)
     except CodecError as exc:
         raise ChunkRejected(f"chunk {chunk.seq}: {exc}") from exc
     if checksum(kind, data) != chunk.checksum:
@@ -303,19 +311,23 @@ class TransferStore:
             return "busy"
         return None
 
-    def accept(self, transfer: _Transfer, chunk: Any, data: bytes) -> None:
-        """Record a verified chunk (its checksum already passed)."""
+    def accept(
+        self, transfer: _Transfer, chunk: Any, data: bytes | memoryview, wire_bytes: int
+    ) -> None:
+        """Record a verified chunk (its checksum already passed); ``data`` is copied only
+        when it is kept for a consumer."""
         if chunk.seq in transfer.checksums or transfer.failed:
             return
         transfer.checksums[chunk.seq] = chunk.checksum
         transfer.raw_bytes += len(data)
         transfer.progress = time.monotonic()
         self.metrics.bytes_raw.labels(ROLE).inc(len(data))
-        self.metrics.bytes_wire.labels(ROLE).inc(len(chunk.payload))
+        self.metrics.bytes_wire.labels(ROLE).inc(wire_bytes)
         self.metrics.chunks.labels(ROLE).inc()
         if not transfer.discard:
+            kept = data if isinstance(data, bytes) else bytes(data)
             transfer.pending[chunk.seq] = Segment(
-                chunk.layer, chunk.offset, data, chunk.layer_final
+                chunk.layer, chunk.offset, kept, chunk.layer_final
             )
             self._hold(transfer, len(data))
         while transfer.contiguous in transfer.checksums:

@@ -25,6 +25,7 @@ def bad_frames(tid):
             tid, 0, "l0", 0, b"", raw_length=4096, codec=1, payload=BOMB
         ),
         "unknown codec": chunk_frame(tid, 0, "l0", 0, b"abc", codec=9),
+        "payload cut short": chunk_frame(tid, 0, "l0", 0, b"x" * 100)[:-10],
     }
 
 

@@ -1,5 +1,6 @@
 """mTLS on the KV link: who gets in, who is refused, and certificate reload."""
 
+import asyncio
 import shutil
 
 import grpc
@@ -114,3 +115,46 @@ def test_config_errors_name_the_field(tmp_path):
         TLSConfig(ca_file=__file__)
     with pytest.raises(ValueError, match="allowed_peers"):
         TLSConfig(insecure=True, allowed_peers=["x"])
+
+
+def test_byte_flipped_on_an_mtls_link_during_the_auto_rate_measurement_is_a_connection_failure(
+    pki,
+):
+    """A flipped byte breaks the TLS record MAC: the connection dies with INTERNAL in the
+    middle of ``auto``'s link-rate probe. The transfer must go on (reconnect, resume) and
+    deliver intact bytes, never leak a raw AioRpcError from ``send_layer``."""
+    from grpc_kv import link as link_module
+    from grpc_kv.faultproxy import FaultProxy, Flip
+    from tests.grpc_kv.kvtest import bf16_normal
+
+    data = bf16_normal(2 << 20)
+    options = LinkOptions(
+        chunk_size_bytes=256 * 1024, compression="auto", connections=2, timeout_ms=20_000
+    )
+
+    async def scenario():
+        server_tls = tls_for(pki, "site-b", allowed_peers=["site-a"])
+        async with receiver(tls=server_tls) as (server, target):
+            proxy = FaultProxy(upstream=target)
+            via = f"127.0.0.1:{await proxy.start()}"
+            link_module._MEASURED.pop(via, None)  # force a fresh measurement through the proxy
+            # Past the TLS handshake and Begin, inside the first 1 MiB probe block.
+            flip = proxy.add(Flip(direction="upstream", offsets=(300_000,), limit=1))
+            header = make_header({"kv": len(data)})
+            consumer = asyncio.create_task(server.open(header.transfer_id, 20.0))
+            client = tls_for(pki, "site-a", server_name="site-b")
+            try:
+                async with open_transfer(via, header, options, client) as tx:
+                    await tx.send_layer("kv", data)
+                    summary = await tx.finish()
+                async with await consumer as reader:
+                    received = b"".join([s.data async for s in reader])
+            finally:
+                await proxy.stop()
+            return flip.flipped, summary, received
+
+    flipped, summary, received = run(scenario())
+
+    assert flipped == 1
+    assert received == data
+    assert summary.bytes_raw == len(data)
