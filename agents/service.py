@@ -101,6 +101,7 @@ class AgentService:
         self.accelerators = config.capacity.accelerators or detect_accelerators()
         self.metrics_port = 0
         self._launch_lock = asyncio.Lock()
+        self._launches: set[asyncio.Task[tuple[Child, str]]] = set()
         self._http: aiohttp.ClientSession | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
@@ -198,8 +199,24 @@ class AgentService:
         """Start ``spec`` and wait for readiness. Returns the child and the action taken:
         ``started``, ``unchanged`` (same spec already there) or ``rolled`` (new spec: the new
         child is started and healthy before the old one stops). A child that cannot become
-        healthy raises LaunchError (DEADLINE_EXCEEDED / ABORTED) and is not kept."""
+        healthy raises LaunchError (DEADLINE_EXCEEDED / ABORTED) and is not kept.
+
+        A cancelled call (the controller died, or its deadline passed, mid-launch) does not
+        cancel the launch: it runs to the end as its own task, so the child it started is kept
+        (or stopped if unhealthy), never orphaned, and a retry finds it ``unchanged`` instead
+        of starting a second process on the same port."""
         validate_spec(spec)
+        task = asyncio.ensure_future(self._launch(spec))
+        self._launches.add(task)
+        task.add_done_callback(self._launch_done)
+        return await asyncio.shield(task)
+
+    def _launch_done(self, task: asyncio.Task[tuple[Child, str]]) -> None:
+        self._launches.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.info("launch.finished_with_error error=%s", task.exception())
+
+    async def _launch(self, spec: ChildSpec) -> tuple[Child, str]:
         async with self._launch_lock:
             current = self.children.get(spec.name)
             if current is not None and current.spec.kind != spec.kind:

@@ -139,6 +139,18 @@ CELERY_TASK_DEFAULT_QUEUE = "pdbridge"
 # worker and is resumed by the next advance (the beat job resume_stalled sends one).
 PDBRIDGE_STEP_STALE_S = _env_int("PDBRIDGE_STEP_STALE_S", 60, minimum=1)
 
+# The orchestrator's identity towards node agents (mTLS): a certificate whose name is in the
+# agents' tls.allowed_identities, and the CA that signed the agents' certificates. Plaintext
+# only with PDBRIDGE_CONTROLLER_INSECURE=true (the embedded testbed on loopback).
+PDBRIDGE_CONTROLLER_TLS_CA = os.environ.get("PDBRIDGE_CONTROLLER_TLS_CA", "")
+PDBRIDGE_CONTROLLER_TLS_CERT = os.environ.get("PDBRIDGE_CONTROLLER_TLS_CERT", "")
+PDBRIDGE_CONTROLLER_TLS_KEY = os.environ.get("PDBRIDGE_CONTROLLER_TLS_KEY", "")
+PDBRIDGE_CONTROLLER_INSECURE = _env_bool("PDBRIDGE_CONTROLLER_INSECURE", False)
+if PDBRIDGE_CONTROLLER_INSECURE and PRODUCTION:
+    raise ImproperlyConfigured(
+        "PDBRIDGE_CONTROLLER_INSECURE: plaintext agent calls are refused when PDBRIDGE_ENV=production"
+    )
+
 # Heartbeats: agents beat every HEARTBEAT_INTERVAL_S; a node that misses
 # HEARTBEAT_MISSED_LIMIT beats in a row becomes "lost" (degraded after one missed beat).
 HEARTBEAT_INTERVAL_S = _env_int("PDBRIDGE_HEARTBEAT_INTERVAL_S", 10, minimum=1)

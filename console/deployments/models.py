@@ -96,6 +96,13 @@ class Deployment(Timestamped):
         default=2048,
         validators=[MinValueValidator(1), MaxValueValidator(10_000_000)],
     )
+    baseline = models.JSONField(
+        default=dict,
+        blank=True,
+        editable=False,
+        help_text="Capacity baseline written by step 1 of the deployment workflow (KV bytes per "
+        "request, bandwidth needed, instance counts, threshold); not part of the config document.",
+    )
     version = models.PositiveIntegerField(
         default=1,
         editable=False,

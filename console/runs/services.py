@@ -337,3 +337,9 @@ def runs_stalled(*, stale_after_s: float, now: datetime | None = None) -> list[i
             elif step.heartbeat_at is None or step.heartbeat_at < stale:
                 stalled.append(run.pk)
     return stalled
+
+
+def run_nudge(*, run_id: int) -> None:
+    """Queue an advance of the run now (after commit), e.g. when a paused canary resumes and
+    should not wait for its next scheduled re-check. Always safe: claiming is idempotent."""
+    send_task_on_commit(ADVANCE_TASK, args=[run_id])

@@ -14,6 +14,8 @@ from types import ModuleType
 
 WORKFLOWS: dict[str, str] = {
     "selfcheck": "orchestrator.workflows.selfcheck",
+    "deploy": "orchestrator.workflows.deploy",
+    "canary": "orchestrator.workflows.canary",
 }
 
 

@@ -95,3 +95,10 @@ class KillSwitchSerializer(serializers.Serializer):
 class KillSwitchResponseSerializer(serializers.Serializer):
     kill_switch = serializers.BooleanField()
     version = serializers.IntegerField()
+
+
+class WorkflowStartSerializer(serializers.Serializer):
+    """Body of ``deploy`` and ``canary`` starts: optional run parameters (validated by the
+    service, which names the offending key)."""
+
+    params = serializers.DictField(required=False, default=dict)

@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from console.core.api.base import ServiceModelViewSet
 from console.core.choices import Role
 from console.core.permissions import RolePermission
-from console.deployments import selectors, services
+from console.deployments import flows, selectors, services
 from console.deployments.api.serializers import (
     DeploymentSerializer,
     KillSwitchResponseSerializer,
@@ -23,6 +23,7 @@ from console.deployments.api.serializers import (
     PoolSerializer,
     RestoreSerializer,
     SnapshotSerializer,
+    WorkflowStartSerializer,
 )
 from console.deployments.choices import DeploymentState
 from console.deployments.config import render_snapshot
@@ -32,6 +33,7 @@ from console.inventory.authentication import NodeTokenAuthentication
 from console.inventory.models import Node
 from console.rollouts.api.serializers import RolloutPlanSerializer
 from console.rollouts.services import rollout_plan_for
+from console.runs.api.serializers import WorkflowRunSerializer
 
 
 class ConfigReadPermission(BasePermission):
@@ -92,7 +94,18 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
     delete_service = staticmethod(services.deployment_delete)
 
     def get_queryset(self) -> Any:
-        if self.action in {"config", "snapshots", "kill_switch", "restore", "retire"}:
+        if self.action in {
+            "config",
+            "snapshots",
+            "kill_switch",
+            "restore",
+            "retire",
+            "deploy",
+            "canary",
+            "canary_pause",
+            "canary_resume",
+            "canary_abort",
+        }:
             return Deployment.objects.all()  # these actions need the row only
         return super().get_queryset()
 
@@ -199,6 +212,49 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
             actor=request.user, deployment=self.get_object(), to_state=DeploymentState.RETIRED
         )
         return Response(DeploymentSerializer(self.queryset.get(pk=deployment.pk)).data)
+
+    @extend_schema(request=WorkflowStartSerializer, responses={202: WorkflowRunSerializer})
+    @action(detail=True, methods=["post"])
+    def deploy(self, request: Request, pk: str | None = None) -> Response:
+        """Start the eight-step deployment workflow (409 while one runs)."""
+        data = WorkflowStartSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        run = flows.deployment_deploy(
+            actor=request.user, deployment=self.get_object(), params=data.validated_data["params"]
+        )
+        return Response(WorkflowRunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=WorkflowStartSerializer, responses={202: WorkflowRunSerializer})
+    @action(detail=True, methods=["post"])
+    def canary(self, request: Request, pk: str | None = None) -> Response:
+        """Start a canary that follows the deployment's rollout plan (409 while one runs)."""
+        data = WorkflowStartSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        run = flows.canary_start(
+            actor=request.user, deployment=self.get_object(), params=data.validated_data["params"]
+        )
+        return Response(WorkflowRunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
+
+    @extend_schema(request=None, responses=WorkflowRunSerializer)
+    @action(detail=True, methods=["post"], url_path="canary/pause")
+    def canary_pause(self, request: Request, pk: str | None = None) -> Response:
+        """Hold the running canary at its current share."""
+        run = flows.canary_pause(actor=request.user, deployment=self.get_object())
+        return Response(WorkflowRunSerializer(run).data)
+
+    @extend_schema(request=None, responses=WorkflowRunSerializer)
+    @action(detail=True, methods=["post"], url_path="canary/resume")
+    def canary_resume(self, request: Request, pk: str | None = None) -> Response:
+        """Let a paused canary advance again."""
+        run = flows.canary_resume(actor=request.user, deployment=self.get_object())
+        return Response(WorkflowRunSerializer(run).data)
+
+    @extend_schema(request=None, responses=WorkflowRunSerializer)
+    @action(detail=True, methods=["post"], url_path="canary/abort")
+    def canary_abort(self, request: Request, pk: str | None = None) -> Response:
+        """Remote share to 0 % now; the canary run ends canceled."""
+        run = flows.canary_abort(actor=request.user, deployment=self.get_object())
+        return Response(WorkflowRunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses=RolloutPlanSerializer)
     @action(detail=True, methods=["get"], url_path="rollout-plan")

@@ -1,0 +1,296 @@
+"""Turns a deployment's pools into agent calls: which node runs which child, with which launch
+settings, over which TLS channel.
+
+Called by the deployment and canary workflow steps inside a Celery worker. Every function here
+is blocking (it runs the async agent client on a private event loop) and raises
+``grpc.aio.AioRpcError`` (agent refused or unreachable) or ``AgentOpsError`` (the deployment's
+settings cannot be turned into a launch: the message names the ``engine_settings`` key).
+
+Idempotency: a child's name is fixed per deployment and role (``dep<id>-prefill`` ...) and its
+``Launch`` request id is derived from the run, the step, the node and the launch settings, so a
+step re-executed after its worker died sends the *same* request: the agent answers it from its
+request-id cache, or (cache expired) finds the same child with the same spec and answers
+``unchanged``. Either way one engine runs, not two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from django.conf import settings
+
+from agents.client import AgentClient
+from grpc_kv.tls import TLSConfig
+
+T = TypeVar("T")
+
+#: pool engine_settings keys read by the orchestrator (the rest go to the engine adapter).
+DEFAULT_ENGINE_PORT = 8000
+DEFAULT_KV_PORT = 7100
+DEFAULT_KV_LINK_PORT = 7101
+DEFAULT_GATEWAY_PORT = 8080
+_ENGINE_EXTRA = ("threads", "models_dir", "dtype", "kv_spool", "expect_sha256")
+_ORCHESTRATOR_KEYS = {
+    "engine",
+    "port",
+    "host",
+    "kv_port",
+    "kv_listen",
+    "kv_link_port",
+    "gateway_port",
+    "kv_tls",
+    "kv_insecure",
+    "engine_host",
+    *_ENGINE_EXTRA,
+}
+
+
+class AgentOpsError(ValueError):
+    """A deployment setting cannot be turned into an agent call (the message names it)."""
+
+
+def controller_tls(server_name: str | None = None) -> TLSConfig:
+    """The orchestrator's TLS identity towards agents (settings ``PDBRIDGE_CONTROLLER_*``)."""
+    if settings.PDBRIDGE_CONTROLLER_INSECURE:
+        return TLSConfig(insecure=True)
+    missing = [
+        name
+        for name in (
+            "PDBRIDGE_CONTROLLER_TLS_CA",
+            "PDBRIDGE_CONTROLLER_TLS_CERT",
+            "PDBRIDGE_CONTROLLER_TLS_KEY",
+        )
+        if not getattr(settings, name)
+    ]
+    if missing:
+        raise AgentOpsError(
+            f"{missing[0]}: required to call agents (or PDBRIDGE_CONTROLLER_INSECURE)"
+        )
+    return TLSConfig(
+        ca_file=settings.PDBRIDGE_CONTROLLER_TLS_CA,
+        cert_file=settings.PDBRIDGE_CONTROLLER_TLS_CERT,
+        key_file=settings.PDBRIDGE_CONTROLLER_TLS_KEY,
+        server_name=server_name,
+    )
+
+
+def http_ssl_context(server_name_check: bool = True) -> ssl.SSLContext | None:
+    """Client TLS context for HTTPS children (gateway) verified against the controller CA."""
+    if settings.PDBRIDGE_CONTROLLER_INSECURE:
+        return None
+    context = ssl.create_default_context(cafile=settings.PDBRIDGE_CONTROLLER_TLS_CA)
+    context.load_cert_chain(
+        settings.PDBRIDGE_CONTROLLER_TLS_CERT, settings.PDBRIDGE_CONTROLLER_TLS_KEY
+    )
+    context.check_hostname = server_name_check
+    return context
+
+
+@dataclass(frozen=True)
+class Target:
+    """One node of one pool and what it should run."""
+
+    role: str  # "prefill" | "decode"
+    site: str
+    hostname: str
+    agent_address: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def host(self) -> str:
+        """Where the orchestrator and the gateway reach this node's children."""
+        return str(self.settings.get("engine_host") or self.hostname)
+
+    @property
+    def engine_port(self) -> int:
+        return _port(self.settings, "port", DEFAULT_ENGINE_PORT)
+
+    @property
+    def engine_url(self) -> str:
+        return f"http://{self.host}:{self.engine_port}"
+
+    @property
+    def kv_address(self) -> str:
+        """What prefill engines dial to reach this decode node's KV receiver."""
+        return f"{self.host}:{_port(self.settings, 'kv_port', DEFAULT_KV_PORT)}"
+
+    @property
+    def kv_link_address(self) -> str:
+        return f"{self.host}:{_port(self.settings, 'kv_link_port', DEFAULT_KV_LINK_PORT)}"
+
+    @property
+    def gateway_port(self) -> int:
+        return _port(self.settings, "gateway_port", DEFAULT_GATEWAY_PORT)
+
+
+def _port(values: dict[str, Any], key: str, default: int) -> int:
+    value = values.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise AgentOpsError(f"engine_settings.{key}: a port number, got {value!r}")
+    return value
+
+
+def targets(config: dict[str, Any], role: str) -> list[Target]:
+    """The nodes of the ``role`` pools of a config document (model engine settings merged
+    under each pool's). Raises AgentOpsError for a pool without nodes."""
+    base = dict(config["model"].get("engine_settings") or {})
+    pools = config["pools"]
+    docs = [pools["decode"]] if role == "decode" else list(pools["prefill"])
+    out = []
+    for pool in docs:
+        if pool is None or not pool["nodes"]:
+            site = pool["site"] if pool else "?"
+            raise AgentOpsError(f"pools.{role}: the pool at {site} has no nodes")
+        merged = {**base, **(pool.get("engine_settings") or {})}
+        for node in pool["nodes"]:
+            if not node.get("agent_address"):
+                raise AgentOpsError(f"nodes.{node['hostname']}.agent_address: empty")
+            out.append(Target(role, pool["site"], node["hostname"], node["agent_address"], merged))
+    return out
+
+
+def engine_launch_settings(target: Target, config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(engine adapter name, Launch settings) of the engine on ``target``."""
+    s = target.settings
+    if "model" not in s:
+        raise AgentOpsError("engine_settings.model: required (the engine's model spec)")
+    extra = {k: s[k] for k in _ENGINE_EXTRA if k in s}
+    launch: dict[str, Any] = {
+        "model": s["model"],
+        "host": str(s.get("host") or "127.0.0.1"),
+        "port": target.engine_port,
+        "chunked_prefill_tokens": int(config["prefill"]["chunked_prefill_tokens"]),
+        "kv_connector_extra_config": extra,
+    }
+    args: list[str] = []
+    if target.role == "decode":
+        listen = s.get("kv_listen") or f"{launch['host']}:{_port(s, 'kv_port', DEFAULT_KV_PORT)}"
+        args += ["--kv-listen", str(listen)]
+    args += ["--kv-compression", str(config["kv_transfer"]["compression"])]
+    if not config["kv_transfer"]["checksum"]:
+        args.append("--no-verify-kv-digests")
+    tls = s.get("kv_tls")
+    if tls:
+        if not isinstance(tls, dict) or not {"ca", "cert", "key"} <= set(tls):
+            raise AgentOpsError("engine_settings.kv_tls: an object with ca, cert and key paths")
+        args += ["--kv-tls-ca", tls["ca"], "--kv-tls-cert", tls["cert"], "--kv-tls-key", tls["key"]]
+    elif s.get("kv_insecure"):
+        args.append("--kv-insecure")
+    else:
+        raise AgentOpsError("engine_settings.kv_tls: required (or kv_insecure: true on loopback)")
+    launch["extra_args"] = args
+    return str(s.get("engine") or "reference"), launch
+
+
+def gateway_url(target: Target) -> str:
+    """Base URL of the gateway on a decode node (HTTPS unless the controller runs insecure)."""
+    scheme = "http" if settings.PDBRIDGE_CONTROLLER_INSECURE else "https"
+    return f"{scheme}://{target.host}:{target.gateway_port}"
+
+
+def child_name(deployment_id: int, part: str) -> str:
+    return f"dep{deployment_id}-{part}"
+
+
+def request_id(run_id: int, step: str, target: Target, name: str, body: Any) -> str:
+    """Stable per (run, step, node, child, settings): a re-executed step repeats the request."""
+    digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+    return f"run{run_id}-{step}-{target.hostname}-{name}-{digest[:16]}"
+
+
+def call(target: Target, fn: Callable[[AgentClient], Awaitable[T]]) -> T:
+    """Run ``fn(client)`` against ``target``'s agent (blocking; a private event loop)."""
+
+    async def go() -> T:
+        async with AgentClient(target.agent_address, controller_tls(target.hostname)) as agent:
+            return await fn(agent)
+
+    return asyncio.run(go())
+
+
+def launch(
+    target: Target,
+    *,
+    kind: str,
+    name: str,
+    engine: str = "",
+    launch_settings: dict[str, Any] | None = None,
+    deployment_id: int = 0,
+    config_version: int = 0,
+    rid: str,
+) -> dict[str, Any]:
+    """Launch (or find unchanged) one child; returns the agent's answer as evidence."""
+
+    async def go(agent: AgentClient) -> Any:
+        return await agent.launch(
+            kind,
+            engine=engine,
+            settings=launch_settings or {},
+            name=name,
+            deployment_id=deployment_id,
+            config_version=config_version,
+            request_id=rid,
+        )
+
+    answer = call(target, go)
+    child = answer.child
+    return {
+        "node": target.hostname,
+        "site": target.site,
+        "name": name,
+        "action": answer.action,
+        "state": child.state,
+        "pid": child.pid,
+        "port": child.port,
+        "request_id": rid,
+    }
+
+
+def child_status(target: Target, name: str) -> dict[str, Any]:
+    """State, pid, restarts of one child (``state: absent`` when the agent has none)."""
+
+    async def go(agent: AgentClient) -> Any:
+        return await agent.status()
+
+    status = call(target, go)
+    for child in status.children:
+        if child.name == name:
+            return {
+                "name": name,
+                "state": child.state,
+                "pid": child.pid,
+                "port": child.port,
+                "restarts": child.restarts,
+            }
+    return {"name": name, "state": "absent"}
+
+
+def probe(target: Target, peer_site: str, address: str, seconds: float) -> dict[str, Any]:
+    """The agent on ``target`` measures bandwidth and RTT to a kv-link at ``address``."""
+
+    async def go(agent: AgentClient) -> Any:
+        return await agent.probe(peer_site, address, seconds=seconds)
+
+    answer = call(target, go)
+    return {
+        "from": target.hostname,
+        "to": address,
+        "mbit_s": round(float(answer.bandwidth_mbit_s), 2),
+        "rtt_ms": round(float(answer.rtt_ms), 3),
+        "bytes": int(answer.bytes),
+    }
+
+
+def run_async(coro: Awaitable[T]) -> T:
+    """Run a coroutine to completion from synchronous step code."""
+
+    async def go() -> T:
+        return await coro
+
+    return asyncio.run(go())

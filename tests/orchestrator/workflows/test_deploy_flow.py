@@ -1,0 +1,378 @@
+"""The deployment and canary workflows end to end on real processes: Celery workers, the
+console, two mTLS node agents (sites ``local`` and ``remote``) that launch reference engines,
+a kv-link and the gateway, and the remote agent's fault proxy on the KV (WAN) path.
+
+The tests share one module-scoped testbed and run in order: the first deploys from nothing
+(engines are launched by the workflow), the later ones re-use what it brought up. The canary
+rollback comes last: the latency it injects opens the gateway's breaker on the remote site
+for a while, as a real WAN incident would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+
+from agents.client import AgentClient
+from console.deployments import flows
+from console.deployments.models import Deployment
+from console.deployments.services import pool_create
+from console.inventory.models import Link, Node
+from console.inventory.services import node_token_issue, node_update
+from console.rollouts.services import rollout_plan_create
+from console.runs import services as run_services
+from console.runs.models import WorkflowRun
+from grpc_kv.tls import TLSConfig
+from tests.console.factories import LinkFactory, ModelSpecFactory, SiteFactory, make_deployment
+from tests.orchestrator.conftest import _database_url
+from tests.orchestrator.workflows import topology as topo
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+class World:
+    """Handles on the testbed."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.pki = topo.make_pki(tmp / "pki")
+        self.ports = topo.Ports()
+        self.models_dir = tmp / "models"
+        self.console: topo.Console | None = None
+        self.agents: dict[str, Any] = {}
+        self.deployment_id = 0
+
+    @property
+    def deployment(self) -> Deployment:
+        return Deployment.objects.get(pk=self.deployment_id)
+
+    def agent_call(self, site: str, fn: Any) -> Any:
+        tls = TLSConfig(
+            ca_file=self.pki.ca,
+            cert_file=self.pki.controller_cert,
+            key_file=self.pki.controller_key,
+            server_name="localhost",
+        )
+
+        async def go() -> Any:
+            async with AgentClient(self.agents[site].address, tls) as agent:
+                return await fn(agent)
+
+        return asyncio.run(go())
+
+    def children(self, site: str) -> dict[str, Any]:
+        status = self.agent_call(site, lambda a: a.status())
+        return {c.name: c for c in status.children}
+
+    @property
+    def gateway_url(self) -> str:
+        return f"https://localhost:{self.ports.gateway}"
+
+
+def _rows(world: World) -> None:
+    local, remote = (
+        SiteFactory(name="local", role="decode"),
+        SiteFactory(name="remote", role="prefill"),
+    )
+    LinkFactory(from_site=remote, to_site=local, provisioned_mbit_s=10_000)
+    nodes = {
+        "local": Node.objects.create(site=local, hostname="localhost", agent_address="127.0.0.1:1"),
+        "remote": Node.objects.create(
+            site=remote, hostname="localhost", agent_address="127.0.0.1:1"
+        ),
+    }
+    model = ModelSpecFactory(name=topo.SERVED, architecture=topo.ARCH)
+    dep = make_deployment(
+        name="flows",
+        model=model,
+        remote_prefill_threshold_tokens=64,
+        chunked_prefill_tokens=64,
+        timeout_ms=8000,
+    )
+    p, pki = world.ports, world.pki
+    common = {
+        "model": f"{topo.SERVED}={topo.MODEL}",
+        "models_dir": str(world.models_dir),
+        "threads": 1,
+        "kv_tls": {"ca": str(pki.ca), "cert": str(pki.node_cert), "key": str(pki.node_key)},
+    }
+    pool_create(
+        actor=None, deployment=dep, role="decode", site=local, nodes=[nodes["local"]],
+        engine_settings={
+            **common,
+            "port": p.decode,
+            "kv_port": p.kv_wan,  # what prefill engines dial: the WAN (fault proxy) address
+            "kv_listen": f"127.0.0.1:{p.kv_receiver}",
+            "kv_link_port": p.kv_link,
+            "gateway_port": p.gateway,
+        },
+    )  # fmt: skip
+    pool_create(
+        actor=None, deployment=dep, role="prefill", site=remote, nodes=[nodes["remote"]],
+        engine_settings={**common, "port": p.prefill},
+    )  # fmt: skip
+    rollout_plan_create(
+        actor=None,
+        name="flows-fast",
+        deployment=dep,
+        steps=[
+            {"share_percent": 50, "min_duration_s": 2, "min_requests": 4},
+            {"share_percent": 100, "min_duration_s": 1, "min_requests": 2},
+        ],
+        gate_ttft_p50_ratio=4.0,
+        gate_ttft_p99_ratio=10.0,
+        gate_success_rate_min=0.9,
+        gate_link_utilization_max=0.95,
+    )
+    world.deployment_id = dep.pk
+    for site, node in nodes.items():
+        token_file = world.tmp / f"{site}.token"
+        token_file.write_text(node_token_issue(actor=None, node=node))
+        proxies = (
+            {"local": {"listen": f"127.0.0.1:{p.kv_wan}", "upstream": f"127.0.0.1:{p.kv_receiver}"}}
+            if site == "remote"
+            else {}
+        )
+        assert world.console is not None
+        config = topo.agent_config(
+            world.tmp / site, pki, site, world.console.url, token_file, proxies
+        )
+        agent = topo.start_site_agent(world.tmp / site, config)
+        world.agents[site] = agent
+        node_update(actor=None, node=node, agent_address=agent.address)
+
+
+@pytest.fixture(scope="module")
+def world(
+    django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[World]:
+    world = World(tmp_path_factory.mktemp("flows"))
+    topo.build_models(world.models_dir)
+    env = contextlib.contextmanager(topo.set_env)(topo.controller_env(world.pki))
+    with django_db_blocker.unblock(), env:
+        try:
+            world.console = topo.Console(_database_url(), world.tmp / "console.log", world.pki)
+            _rows(world)
+            yield world
+        finally:
+            for agent in world.agents.values():
+                agent.terminate()
+            if world.console is not None:
+                world.console.stop()
+            connection.close()
+            call_command("flush", interactive=False, verbosity=0)
+
+
+@pytest.fixture
+def db_open(world: World, django_db_blocker: Any) -> Iterator[World]:
+    """The tests read and write the committed testbed rows (no per-test transaction)."""
+    with django_db_blocker.unblock():
+        yield world
+
+
+def wait_for(predicate: Any, timeout: float = 300.0, interval: float = 0.25, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"not reached in {timeout} s: {what}")
+
+
+def run_of(run_id: int) -> WorkflowRun:
+    return WorkflowRun.objects.get(pk=run_id)
+
+
+def steps_of(run_id: int) -> dict[str, Any]:
+    return {s.name: s for s in run_of(run_id).steps.all()}
+
+
+def ended(run_id: int) -> bool:
+    return run_of(run_id).state in {"succeeded", "failed", "rolled_back", "canceled"}
+
+
+def describe(run_id: int) -> str:
+    run = run_of(run_id)
+    return f"run {run.pk} {run.state} {run.error} " + " ".join(
+        f"{s.name}={s.state}" for s in run.steps.order_by("index")
+    )
+
+
+@pytest.mark.django_db
+def test_pools_become_launch_settings_with_tls_and_kv_addresses():
+    """(Also the reason the test database exists for this module: pytest-django creates it
+    only for sessions with a ``django_db`` test; the testbed commits rows outside tests.)"""
+    from console.deployments.config import build_config
+    from orchestrator import agentops
+
+    local, remote = SiteFactory(role="decode"), SiteFactory(role="prefill")
+    dep = make_deployment(chunked_prefill_tokens=128, checksum=False)
+    tls = {"ca": "/etc/ca.pem", "cert": "/etc/n.pem", "key": "/etc/n-key.pem"}
+    node = Node.objects.create(site=local, hostname="dec-1", agent_address="10.0.0.1:7070")
+    pool_create(
+        actor=None, deployment=dep, role="decode", site=local, nodes=[node],
+        engine_settings={"model": "m", "port": 9000, "kv_port": 9100, "kv_tls": tls},
+    )  # fmt: skip
+    pool_create(actor=None, deployment=dep, role="prefill", site=remote, nodes=[])
+    config = build_config(Deployment.objects.get(pk=dep.pk))
+
+    [decode] = agentops.targets(config, "decode")
+    engine, launch = agentops.engine_launch_settings(decode, config)
+
+    assert (decode.engine_url, decode.kv_address) == ("http://dec-1:9000", "dec-1:9100")
+    assert engine == "reference"
+    assert launch["port"] == 9000
+    assert launch["chunked_prefill_tokens"] == 128
+    assert launch["extra_args"] == [
+        "--kv-listen", "127.0.0.1:9100", "--kv-compression", "auto", "--no-verify-kv-digests",
+        "--kv-tls-ca", "/etc/ca.pem", "--kv-tls-cert", "/etc/n.pem", "--kv-tls-key", "/etc/n-key.pem",
+    ]  # fmt: skip
+    with pytest.raises(agentops.AgentOpsError, match=r"pools\.prefill"):
+        agentops.targets(config, "prefill")
+    plain = agentops.Target("decode", "s", "h", "a:1", {"model": "m"})
+    with pytest.raises(agentops.AgentOpsError, match=r"engine_settings\.kv_tls"):
+        agentops.engine_launch_settings(plain, config)
+
+
+PARAMS = {
+    "probe_seconds": 1,
+    "verify_lengths": [40, 200],
+    "verify_deadline_s": 10,
+    "recheck_s": 1,
+    "canary": {"recheck_s": 1},
+}
+
+
+def test_deploy_from_nothing_to_full_share_with_evidence_and_a_worker_killed_mid_step(
+    start_worker, db_open
+):
+    world = db_open
+    first = start_worker(stale_s=3)
+    run = flows.deployment_deploy(actor=None, deployment=world.deployment, params=PARAMS)
+    wait_for(
+        lambda: steps_of(run.pk)["remote_prefill"].state == "running",
+        what="step 3 running",
+    )
+    time.sleep(1.0)  # the Launch is in flight on the remote agent
+
+    first.kill9()
+    start_worker(stale_s=3)
+    time.sleep(3.5)  # the dead worker's heartbeat goes stale
+    from orchestrator.tasks.runs import resume_stalled  # the beat job, sent as a task
+
+    resume_stalled.delay()
+    with topo.Traffic(world.gateway_url, world.pki.ssl_context()) as traffic:
+        wait_for(lambda: ended(run.pk), timeout=600, what="deploy run ends")
+    assert run_of(run.pk).state == "succeeded", describe(run.pk)
+
+    steps = steps_of(run.pk)
+    assert all(s.state == "succeeded" and s.evidence for s in steps.values())
+    baseline = steps["capacity_baseline"].evidence
+    assert baseline["kv_bytes_per_request"]["64"] > 0
+    assert world.deployment.baseline == baseline
+    wan = steps["wan_baseline"].evidence
+    assert wan["probes"][0]["mbit_s"] > 0
+    assert Link.objects.get().measured_mbit_s == wan["probes"][0]["mbit_s"]
+    assert steps["kv_link"].evidence["loopback"]["ok"] is True
+    assert steps["kv_link"].evidence["loopback"]["checksum_failures"] == 0
+    gateway = steps["gateway"].evidence["gateways"][0]
+    assert gateway["remote_share"] == 0.0
+    verify = steps["verification"].evidence
+    assert verify["ok"] is True
+    assert [p["prompt_tokens"] for p in verify["reports"][0]["prompts"]] == [40, 200]
+    canary = run_of(steps["canary"].evidence["canary_run"])
+    assert canary.state == "succeeded"
+    assert [s.name for s in canary.steps.order_by("index")] == ["share_50", "share_100"]
+    dep = world.deployment
+    assert (dep.state, dep.remote_share_percent) == ("active", 100)
+    # The killed step was resumed, and its side effect happened once: one prefill engine.
+    prefill = steps["remote_prefill"]
+    assert prefill.attempt == 2
+    assert "resumed after its worker stopped" in prefill.log_excerpt
+    children = world.children("remote")
+    engine = children[f"dep{dep.pk}-prefill"]
+    assert [n for n in children if n.endswith("-prefill")] == [f"dep{dep.pk}-prefill"]
+    assert engine.restarts == 0
+    assert engine.pid == prefill.evidence["engines"][0]["pid"]
+    assert traffic.count(200) > 0
+    assert "remote" in {path for status, path in traffic.results if status == 200}
+
+
+def test_verification_failure_leaves_share_zero_and_retry_from_that_step_succeeds(
+    start_worker, db_open
+):
+    world = db_open
+    start_worker(stale_s=3)
+    params = {**PARAMS, "verify_lengths": [120], "verify_deadline_s": 4}
+    # The WAN path of the KV link is cut (the remote agent's proxy resets every connection):
+    # remote-prefilled outputs cannot be produced, so verification cannot match.
+    world.agent_call("remote", lambda a: a.inject_fault("link_cut", "local", 120, {}))
+    try:
+        run = flows.deployment_deploy(actor=None, deployment=world.deployment, params=params)
+        wait_for(lambda: ended(run.pk), timeout=300, what="deploy run fails")
+    finally:
+        world.agent_call("remote", lambda a: a.clear_fault())
+
+    assert run_of(run.pk).state == "failed", describe(run.pk)
+    steps = steps_of(run.pk)
+    assert steps["verification"].state == "failed"
+    assert "verification mismatch" in steps["verification"].error
+    assert steps["canary"].state == "pending"
+    dep = world.deployment
+    assert (dep.state, dep.remote_share_percent) == ("failed", 0)
+
+    run_services.run_retry(actor=None, run=run_of(run.pk), from_index=6)
+    with topo.Traffic(world.gateway_url, world.pki.ssl_context()):
+        wait_for(lambda: ended(run.pk), timeout=600, what="retried run ends")
+
+    assert run_of(run.pk).state == "succeeded", describe(run.pk)
+    steps = steps_of(run.pk)
+    assert steps["verification"].attempt == 2
+    assert steps["verification"].evidence["ok"] is True
+    assert "attempt 1 failed: verification mismatch" in steps["verification"].log_excerpt
+    assert steps["remote_prefill"].attempt == 1  # earlier steps kept, not re-run
+    dep = world.deployment
+    assert (dep.state, dep.remote_share_percent) == ("active", 100)
+
+
+def test_canary_gate_failure_on_wan_latency_rolls_back_to_zero(start_worker, db_open):
+    world = db_open
+    start_worker(stale_s=3)
+    flows.deployment_set_remote_share(
+        actor=None, deployment=world.deployment, percent=0, reason="test: before a new canary"
+    )
+    world.agent_call(
+        "remote",
+        lambda a: a.inject_fault("link_degrade", "local", 120, {"latency_ms": 3000}),
+    )
+    try:
+        with topo.Traffic(world.gateway_url, world.pki.ssl_context()):
+            run = flows.canary_start(
+                actor=None, deployment=world.deployment, params={"recheck_s": 1}
+            )
+            wait_for(lambda: ended(run.pk), timeout=300, what="canary ends")
+    finally:
+        world.agent_call("remote", lambda a: a.clear_fault())
+
+    assert run_of(run.pk).state == "rolled_back", describe(run.pk)
+    step = steps_of(run.pk)["share_50"]
+    assert step.evidence["failed_gate"]["gate"] in {
+        "ttft_p50_ratio",
+        "ttft_p99_ratio",
+        "success_rate",
+    }
+    assert step.evidence["failed_gate"]["passed"] is False
+    assert step.evidence["remote_share_percent"] == 0
+    assert steps_of(run.pk)["share_100"].state == "pending"
+    dep = world.deployment
+    assert dep.remote_share_percent == 0
+    assert "rolled back: gate" in dep.snapshots.first().reason

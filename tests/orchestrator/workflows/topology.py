@@ -1,0 +1,262 @@
+"""A two-site testbed for the deployment and canary workflows, all real processes on loopback:
+the console (``runserver`` on the test database: agents fetch snapshots and heartbeat, the
+gateway polls its config), two node agents (site ``local``: decode, kv-link, gateway; site
+``remote``: prefill) with mTLS, the remote agent's userspace fault proxy on the KV path (the
+"WAN"), and the inventory / catalog / deployment rows that describe them.
+
+Engines, kv-link and gateway are *not* started here: the deployment workflow launches them
+through the agents. Built once per module (engine weights, agents, console); see
+``test_deploy_flow.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents.engines.verify import make_prompt
+from grpc_kv.api import create_ca, create_node_cert
+from tests.agents.conftest import AgentProc, free_port, start_agent
+from tests.support import subprocess_env
+
+MODEL = "qwen3-next"
+SERVED = "tiny"
+ARCH = {  # what the catalog says about the model (the capacity baseline reads it)
+    "dtype_bytes": 4,
+    "layers": [
+        {"kind": "full", "count": 1, "kv_heads": 2, "head_dim": 16},
+        {
+            "kind": "linear",
+            "count": 3,
+            "num_heads": 2,
+            "key_head_dim": 16,
+            "value_head_dim": 16,
+            "conv_dim": 96,
+            "conv_kernel": 4,
+        },
+    ],
+}
+
+
+@dataclass
+class Pki:
+    ca: Path
+    node_cert: Path
+    node_key: Path
+    controller_cert: Path
+    controller_key: Path
+
+    def ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca))
+
+
+def make_pki(directory: Path) -> Pki:
+    ca = create_ca(directory / "ca")
+    node = create_node_cert(ca, directory / "nodes", "localhost")
+    controller = create_node_cert(ca, directory / "nodes", "orchestrator")
+    return Pki(ca.ca_file, node.cert_file, node.key_file, controller.cert_file, controller.key_file)
+
+
+_taken: set[int] = set()
+
+
+def pinned_port() -> int:
+    """A free port below the kernel's ephemeral range, probed: a port pinned in a deployment's
+    settings must not collide with the source port of some long-lived outgoing connection."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(200):
+        port = secrets.choice(range(max(1024, low - 12000), low))
+        if port in _taken:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _taken.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+@dataclass
+class Ports:
+    decode: int = field(default_factory=pinned_port)
+    prefill: int = field(default_factory=pinned_port)
+    kv_receiver: int = field(default_factory=pinned_port)  # decode engine's embedded receiver
+    kv_wan: int = field(default_factory=pinned_port)  # the remote agent's fault proxy in front
+    kv_link: int = field(default_factory=pinned_port)
+    gateway: int = field(default_factory=pinned_port)
+
+
+def build_models(models_dir: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-m", "pdbridge.cli", "engine", "build", MODEL, "--models-dir", str(models_dir)],
+        check=True, env=subprocess_env(), capture_output=True, timeout=300,
+    )  # fmt: skip
+
+
+class Console:
+    """The console under gunicorn with TLS (agents and gateways require https) on the test
+    database."""
+
+    def __init__(self, database_url: str, log: Path, pki: Pki) -> None:
+        self.port = free_port()
+        self.url = f"https://127.0.0.1:{self.port}"
+        env = subprocess_env(
+            DJANGO_SETTINGS_MODULE="console.settings",
+            PDBRIDGE_ENV="test",
+            DATABASE_URL=database_url,
+        )
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gunicorn", "console.wsgi", "--bind", f"127.0.0.1:{self.port}",
+                 "--workers", "1", "--threads", "8", "--certfile", str(pki.node_cert),
+                 "--keyfile", str(pki.node_key)],
+                env=env, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(  # noqa: S310 (loopback)
+                    f"{self.url}/api/", timeout=2, context=pki.ssl_context()
+                )
+                return
+            except urllib.error.HTTPError:
+                return  # it answers (401/404 are answers)
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"console did not start: {log.read_text()[-3000:]}"
+                    ) from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def agent_config(
+    tmp: Path, pki: Pki, site: str, console_url: str, token_file: Path, proxies: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "node": {"name": "localhost", "site": site},
+        "listen": "127.0.0.1:0",
+        "state_dir": str(tmp / "state"),
+        "metrics_listen": "127.0.0.1:0",
+        "tls": {
+            "ca": str(pki.ca),
+            "cert": str(pki.node_cert),
+            "key": str(pki.node_key),
+            "allowed_identities": ["orchestrator"],
+        },
+        "console": {
+            "url": console_url,
+            "token_file": str(token_file),
+            "ca": str(pki.ca),
+            "heartbeat_interval_s": 2,
+        },
+        "supervision": {
+            "readiness_timeout_s": 180,
+            "health_interval_s": 1,
+            "health_failures": 5,
+            "stop_grace_s": 3,
+        },
+        "faults": {"mechanism": "proxy", "proxies": proxies},
+    }
+
+
+def start_site_agent(tmp: Path, config: dict[str, Any]) -> AgentProc:
+    return start_agent(tmp, config, timeout=60)
+
+
+class Traffic:
+    """Clients of the gateway: long prompts (eligible for remote prefill) in a loop from a
+    few threads until stopped. Counts answers by status and path."""
+
+    def __init__(self, url: str, context: ssl.SSLContext, threads: int = 2) -> None:
+        self.url, self.context = url, context
+        self.stopped = threading.Event()
+        self.results: list[tuple[int, str]] = []
+        self.lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(threads)
+        ]
+
+    def __enter__(self) -> Traffic:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join(60)
+
+    def _loop(self, index: int) -> None:
+        import json
+
+        n = 0
+        while not self.stopped.is_set():
+            n += 1
+            body = json.dumps(
+                {"model": SERVED, "prompt": make_prompt(300, seed=index * 1000 + n), "max_tokens": 4,
+                 "temperature": 0}
+            ).encode()  # fmt: skip
+            request = urllib.request.Request(  # noqa: S310 (the test's own gateway)
+                f"{self.url}/v1/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=60, context=self.context) as r:  # noqa: S310
+                    r.read()
+                    outcome = (r.status, r.headers.get("x-pdbridge-path", ""))
+            except urllib.error.HTTPError as exc:
+                outcome = (exc.code, exc.headers.get("x-pdbridge-path", ""))
+            except OSError:
+                outcome = (0, "")  # not up yet (or going down): try again shortly
+                time.sleep(0.5)
+            with self.lock:
+                self.results.append(outcome)
+
+    def count(self, status: int = 200) -> int:
+        with self.lock:
+            return sum(1 for s, _ in self.results if s == status)
+
+
+def controller_env(pki: Pki) -> dict[str, str]:
+    return {
+        "PDBRIDGE_CONTROLLER_TLS_CA": str(pki.ca),
+        "PDBRIDGE_CONTROLLER_TLS_CERT": str(pki.controller_cert),
+        "PDBRIDGE_CONTROLLER_TLS_KEY": str(pki.controller_key),
+    }
+
+
+def set_env(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the module, restoring them afterwards."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
