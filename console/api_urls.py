@@ -11,4 +11,5 @@ urlpatterns = [
     path("", include("console.deployments.api.urls")),
     path("", include("console.rollouts.api.urls")),
     path("", include("console.planner.api.urls")),
+    path("", include("console.drills.api.urls")),
 ]

@@ -177,6 +177,7 @@ INSTALLED_APPS = [
     "console.deployments",
     "console.rollouts",
     "console.planner",
+    "console.drills",
 ]
 
 MIDDLEWARE = [

@@ -34,5 +34,5 @@ app.conf.update(
     enable_utc=True,
     beat_scheduler="django_celery_beat.schedulers:DatabaseScheduler",
     beat_schedule=queues.BEAT_SCHEDULE,
-    imports=["orchestrator.tasks.runs"],
+    imports=["orchestrator.tasks.runs", "orchestrator.tasks.drills"],
 )

@@ -52,6 +52,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "token-by-token verification of remote prefill + local decode against local runs",
     ),
+    "loadgen": (
+        "agents.loadgen",
+        "main",
+        "synthetic OpenAI-API load with a log-normal prompt-length mix (demos, drills)",
+    ),
     "kv": (
         "grpc_kv.cli",
         "main",

@@ -16,6 +16,8 @@ WORKFLOWS: dict[str, str] = {
     "selfcheck": "orchestrator.workflows.selfcheck",
     "deploy": "orchestrator.workflows.deploy",
     "canary": "orchestrator.workflows.canary",
+    "drill_link_cut": "orchestrator.workflows.drill",
+    "drill_remote_restart": "orchestrator.workflows.drill",
 }
 
 

@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from console.drills.models import Drill, DrillReport
+
+
+class DrillSerializer(serializers.ModelSerializer):
+    """A drill definition. On create, ``run_now`` (default true) also starts it."""
+
+    run_now = serializers.BooleanField(write_only=True, required=False, default=True)
+    last_report = serializers.SerializerMethodField()
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = Drill
+        fields = [
+            "id",
+            "name",
+            "deployment",
+            "kind",
+            "fault_s",
+            "baseline_s",
+            "after_s",
+            "recover_timeout_s",
+            "load_profile",
+            "criteria",
+            "targets",
+            "schedule",
+            "periodic_task",
+            "created_by",
+            "created_at",
+            "updated_at",
+            "run_now",
+            "last_report",
+        ]
+        read_only_fields = ["periodic_task", "created_by", "created_at", "updated_at"]
+
+    def get_last_report(self, drill: Drill) -> dict[str, Any] | None:
+        report = drill.reports.order_by("-created_at", "-id").first()
+        if report is None:
+            return None
+        return {"id": report.pk, "state": report.state, "run": report.run_id}
+
+
+class DrillReportSerializer(serializers.ModelSerializer):
+    drill_name = serializers.CharField(source="drill.name", read_only=True)
+    run_state = serializers.CharField(source="run.state", read_only=True, default=None)
+
+    class Meta:
+        model = DrillReport
+        fields = [
+            "id",
+            "drill",
+            "drill_name",
+            "run",
+            "run_state",
+            "kind",
+            "state",
+            "trigger",
+            "total_requests",
+            "failed_requests",
+            "requests",
+            "failures",
+            "ttft",
+            "time_to_detect_s",
+            "time_to_recover_s",
+            "breaker",
+            "verification",
+            "criteria_results",
+            "timeline",
+            "error",
+            "created_at",
+            "finished_at",
+        ]
+        read_only_fields = fields

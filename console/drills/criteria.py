@@ -1,0 +1,83 @@
+"""A drill's pass/fail criteria: defaults, validation and evaluation against measured figures.
+Pure functions, called by the services (validation when a drill is written, evaluation when
+its report step records the figures)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+
+#: Criterion -> default. Limits of ``None`` are not checked.
+DEFAULTS: dict[str, Any] = {
+    "max_failed_requests": 0,  # client requests that did not get a complete answer
+    "max_time_to_detect_s": None,  # fault -> first fallback answer
+    "max_time_to_recover_s": 60.0,  # restore -> first remote answer
+    "require_fallback": True,  # the fault window was served by the fallback path
+    "require_breaker_open": True,  # the gateway's breaker ejected the remote site
+    "require_recovery": True,  # traffic returned to the remote path after restore
+    "require_verification": True,  # sample outputs match local runs token for token
+}
+
+
+def validate_criteria(value: Any) -> dict[str, Any]:
+    """``value`` checked key by key; ValidationError naming ``criteria.<key>``."""
+
+    def fail(key: str, message: str) -> ValidationError:
+        return ValidationError({"criteria": [f"criteria.{key}: {message}"]})
+
+    if not isinstance(value, dict):
+        raise ValidationError({"criteria": ["criteria: must be an object"]})
+    for key, item in value.items():
+        if key not in DEFAULTS:
+            raise fail(key, f"unknown criterion; one of {', '.join(DEFAULTS)}")
+        if key.startswith("require_"):
+            if not isinstance(item, bool):
+                raise fail(key, "must be true or false")
+        elif key == "max_failed_requests":
+            if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+                raise fail(key, "must be an integer >= 0")
+        elif item is not None and (
+            isinstance(item, bool) or not isinstance(item, int | float) or item <= 0
+        ):
+            raise fail(key, "must be a positive number or null")
+    return value
+
+
+def merged_criteria(value: dict[str, Any]) -> dict[str, Any]:
+    return {**DEFAULTS, **value}
+
+
+def evaluate(criteria: dict[str, Any], figures: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per checked criterion: ``{"criterion", "limit", "value", "passed"}``."""
+    rows: list[dict[str, Any]] = []
+
+    def row(name: str, limit: Any, value: Any, passed: bool) -> None:
+        rows.append({"criterion": name, "limit": limit, "value": value, "passed": bool(passed)})
+
+    c = merged_criteria(criteria)
+    failed = figures["failed_requests"]
+    row("max_failed_requests", c["max_failed_requests"], failed, failed <= c["max_failed_requests"])
+    detect, recover = figures["time_to_detect_s"], figures["time_to_recover_s"]
+    if c["max_time_to_detect_s"] is not None:
+        limit = c["max_time_to_detect_s"]
+        row("max_time_to_detect_s", limit, detect, detect is not None and detect <= limit)
+    if c["max_time_to_recover_s"] is not None:
+        limit = c["max_time_to_recover_s"]
+        row("max_time_to_recover_s", limit, recover, recover is not None and recover <= limit)
+    if c["require_fallback"]:
+        served = figures["requests"].get("during", {})
+        fallback = sum(n for key, n in served.items() if key.startswith("fallback/"))
+        remote_ok = served.get("remote/ok", 0)
+        # Requests sent during the fault: some were served by fallback; any that still went
+        # remote and succeeded are allowed only for a remote restart's first instant.
+        row("require_fallback", True, {"fallback": fallback, "remote": remote_ok}, fallback > 0)
+    if c["require_breaker_open"]:
+        ejections = figures["breaker"].get("ejections", 0)
+        row("require_breaker_open", True, ejections, ejections >= 1)
+    if c["require_recovery"]:
+        row("require_recovery", True, recover, recover is not None)
+    if c["require_verification"]:
+        ok = bool(figures["verification"].get("ok"))
+        row("require_verification", True, ok, ok)
+    return rows

@@ -1,0 +1,238 @@
+"""Drills: ``drill_link_cut`` and ``drill_remote_restart`` (one module, two registry names; the
+run's ``kind`` param picks the fault).
+
+Steps: synthetic load starts in the background -> baseline window -> the fault is injected
+through the agents *with an expiry* (the agents lift it by themselves even if this workflow
+dies) -> fault window -> wait until the agents report it lifted (and, for a restart, the
+engines running) -> wait for traffic back on the remote path, then the after window -> stop and
+collect the load -> a verification sample through the gateway against the decode engine alone
+-> the report. Every window is a ``Wait`` re-check; no worker sleeps through a fault.
+
+Inputs are the run's params, resolved by ``console.drills.services.drill_params`` when the drill
+started. The load generator's files live in ``<VAR_DIR>/drills/run-<id>/`` on the worker that
+started it, so a drill's steps expect workers sharing that directory (one worker host, or the
+site queue of the local site).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from agents.engines.verify import compare, make_prompt
+from agents.loadgen import read_records
+from console.drills import services as drill_services
+from console.drills.choices import STEPS as STEP_NAMES
+from orchestrator import drillops
+from orchestrator.steps import Done, Fail, Step, StepContext, StepResult, Wait
+from orchestrator.workflows.drill_figures import figures, first_remote_after
+
+#: How often windows with a condition (restore, recovery, load collection) are re-checked.
+RECHECK_S = 0.5
+#: Extra time the load generator may run past the planned windows before it stops by itself.
+LOAD_SLACK_S = 60.0
+#: A fault the agent still reports this long after its expiry is cleared explicitly.
+CLEAR_AFTER_S = 5.0
+
+
+def _load(ctx: StepContext) -> dict[str, Any]:
+    return ctx.previous["start_load"]
+
+
+def start_load(ctx: StepContext) -> StepResult:
+    p = ctx.params
+    duration = p["baseline_s"] + p["fault_s"] + p["recover_timeout_s"] + p["after_s"] + LOAD_SLACK_S
+    ejections = drillops.breaker_ejections(p["gateway_url"])
+    info = drillops.start_load(ctx.run_id, p, duration)
+    ctx.log(f"load generator pid {info['pid']} for at most {duration:.0f} s")
+    return Done({**info, "breaker_ejections_before": ejections})
+
+
+def baseline(ctx: StepContext) -> StepResult:
+    load = _load(ctx)
+    due = load["started_at"] + ctx.params["baseline_s"]
+    if time.time() < due:
+        return Wait(due - time.time())
+    records = read_records_of(load)
+    if not records:
+        return Fail(f"no request completed in the {ctx.params['baseline_s']} s baseline window")
+    paths: dict[str, int] = {}
+    for r in records:
+        paths[r["path"] or "none"] = paths.get(r["path"] or "none", 0) + 1
+    return Done({"requests": len(records), "by_path": paths})
+
+
+def read_records_of(load: dict[str, Any]) -> list[dict[str, Any]]:
+    from pathlib import Path
+
+    return read_records(Path(load["output"]))
+
+
+def inject_fault(ctx: StepContext) -> StepResult:
+    p = ctx.params
+    marks = drillops.run_dir(ctx.run_id) / "injected_at"
+    if not marks.exists():  # the first attempt's moment survives a re-execution
+        marks.write_text(repr(time.time()))
+    injected_at = float(marks.read_text())
+    faults = []
+    for index, fault in enumerate(p["faults"]):
+        faults.append(
+            drillops.inject(fault, p["fault_s"], request_id=f"drill-run{ctx.run_id}-{index}")
+        )
+        ctx.log(f"{fault['kind']} on {fault['node']} -> {fault['target']}")
+    return Done(
+        {"injected_at": injected_at, "expires_at": injected_at + p["fault_s"], "faults": faults}
+    )
+
+
+def fault_window(ctx: StepContext) -> StepResult:
+    due = ctx.previous["inject_fault"]["expires_at"]
+    if time.time() < due:
+        return Wait(due - time.time())
+    return Done({"ended_at": time.time()})
+
+
+def restore(ctx: StepContext) -> StepResult:
+    """Until every agent reports the fault lifted (and, for a restart, the child running)."""
+    p, injected = ctx.params, ctx.previous["inject_fault"]
+    by_node = {f["node"]: f for f in p["faults"]}
+    pending = []
+    for fault in injected["faults"]:
+        spec = by_node[fault["node"]]
+        view = drillops.agent_view(spec)
+        if fault["id"] in view["faults"]:
+            if time.time() > injected["expires_at"] + CLEAR_AFTER_S:
+                drillops.clear(spec, fault["id"])  # belt and braces: expiry should have done it
+                ctx.log(f"cleared {fault['id']} on {fault['node']} explicitly")
+            pending.append(f"{fault['node']}: fault {fault['id']} active")
+        elif spec["kind"] == "engine_kill" and view["children"].get(spec["target"]) != "running":
+            pending.append(
+                f"{fault['node']}: {spec['target']} is {view['children'].get(spec['target'])}"
+            )
+    if pending:
+        if time.time() > injected["expires_at"] + p["recover_timeout_s"]:
+            return Fail("not restored: " + "; ".join(pending))
+        return Wait(RECHECK_S, {"pending": pending})
+    return Done({"restored_at": injected["expires_at"], "confirmed_at": time.time()})
+
+
+def recovery(ctx: StepContext) -> StepResult:
+    """Until traffic is back on the remote path (or the timeout), then the after window."""
+    p = ctx.params
+    restored_at = ctx.previous["restore"]["restored_at"]
+    recovered_at = ctx.evidence.get("recovered_at") or first_remote_after(
+        read_records_of(_load(ctx)), restored_at
+    )
+    now = time.time()
+    if recovered_at is None:
+        if now > restored_at + p["recover_timeout_s"]:
+            ctx.log("traffic did not return to the remote path before the timeout")
+            return Done({"recovered_at": None})
+        return Wait(RECHECK_S)
+    due = recovered_at + p["after_s"]
+    if now < due:
+        return Wait(due - now, {"recovered_at": recovered_at})
+    return Done({"recovered_at": recovered_at})
+
+
+def collect_load(ctx: StepContext) -> StepResult:
+    load = _load(ctx)
+    drillops.stop_load(load)
+    asked = ctx.evidence.get("stop_requested_at") or time.time()
+    from pathlib import Path
+
+    summary = Path(load["summary"])
+    if not summary.exists():
+        if time.time() < asked + 120:
+            return Wait(RECHECK_S, {"stop_requested_at": asked})
+        killed = drillops.kill_load(load)
+        ctx.log(f"load generator did not finish in 120 s; SIGTERM sent: {killed}")
+    ejections = drillops.breaker_ejections(ctx.params["gateway_url"])
+    return Done(
+        {
+            "summary": json.loads(summary.read_text()) if summary.exists() else None,
+            "breaker_ejections_after": ejections,
+        }
+    )
+
+
+def verify(ctx: StepContext) -> StepResult:
+    """Sample prompts through the gateway vs the decode engine alone, token for token."""
+    p = ctx.params
+    rows = []
+    for length in p["verify_prompts"]:
+        body = {
+            "model": p["model"],
+            "prompt": make_prompt(length, seed=ctx.run_id),
+            "max_tokens": 8,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        status, path, through = drillops.post_json(p["gateway_url"] + "/v1/completions", body)
+        local_status, _, local = drillops.post_json(p["decode_url"] + "/v1/completions", body)
+        if status != 200 or local_status != 200:
+            rows.append({"length": length, "path": path, "match": False,
+                         "error": f"gateway {status}, decode {local_status}"})  # fmt: skip
+            continue
+        match, tokens, digests, divergence = compare(local, through)
+        rows.append({"length": length, "path": path, "match": match, "tokens": tokens,
+                     "logits": digests, "divergence": str(divergence) if divergence else None})  # fmt: skip
+    return Done({"ok": all(r["match"] for r in rows), "prompts": rows})
+
+
+def report(ctx: StepContext) -> StepResult:
+    load, prev = _load(ctx), ctx.previous
+    before = load["breaker_ejections_before"]
+    after = prev["collect_load"]["breaker_ejections_after"]
+    data = figures(
+        read_records_of(load),
+        load_started_at=load["started_at"],
+        injected_at=prev["inject_fault"]["injected_at"],
+        restored_at=prev["restore"]["restored_at"],
+        breaker={"ejections": after - before, "before": before, "after": after},
+        verification=prev["verify"],
+    )
+    saved = drill_services.drill_report_complete(run_id=ctx.run_id, figures=data)
+    return Done(
+        {
+            "report": saved.pk,
+            "state": saved.state,
+            "requests": data["total_requests"],
+            "failed": data["failed_requests"],
+            "time_to_detect_s": data["time_to_detect_s"],
+            "time_to_recover_s": data["time_to_recover_s"],
+        }
+    )
+
+
+def on_failure(ctx: StepContext) -> None:
+    """Stop the load, lift the faults now (they would expire anyway), mark the report aborted."""
+    load = ctx.previous.get("start_load")
+    if load:
+        drillops.stop_load(load)
+    injected = ctx.previous.get("inject_fault") or (
+        ctx.evidence if ctx.step_name == "inject_fault" else {}
+    )
+    by_node = {f["node"]: f for f in ctx.params.get("faults", [])}
+    for fault in injected.get("faults", []):
+        try:
+            drillops.clear(by_node[fault["node"]], fault["id"])
+        except Exception as exc:  # the agent's expiry lifts it regardless
+            ctx.log(f"clear {fault['id']} failed: {exc}")
+    drill_services.drill_report_abort(run_id=ctx.run_id, error=f"step {ctx.step_name} failed")
+
+
+STEPS = [
+    Step("start_load", start_load),
+    Step("baseline", baseline),
+    Step("inject_fault", inject_fault),
+    Step("fault_window", fault_window),
+    Step("restore", restore),
+    Step("recovery", recovery),
+    Step("collect_load", collect_load),
+    Step("verify", verify),
+    Step("report", report),
+]
+if [s.name for s in STEPS] != STEP_NAMES:  # the console creates the step rows by these names
+    raise ImportError("orchestrator.workflows.drill: STEPS differ from console.drills.choices")

@@ -1,0 +1,120 @@
+"""The figures of a drill report, computed from the load generator's records and the moments the
+workflow marked. Pure functions, called by the drill workflow's ``recovery`` and ``report`` steps.
+
+Windows are by request start: ``before`` the fault was injected, ``during`` (injected .. the
+agent lifted it), ``after``. Time to detect: injection -> first token of the first answer served
+by the fallback path. Time to recover: the fault lifted -> start of the first request served
+successfully on the remote path again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agents.loadgen import quantile
+
+WINDOWS = ("before", "during", "after")
+MAX_TIMELINE_ROWS = 5000
+MAX_FAILURES = 50
+
+
+def window(start: float, injected_at: float, restored_at: float) -> str:
+    if start < injected_at:
+        return "before"
+    return "during" if start < restored_at else "after"
+
+
+def first_remote_after(records: list[dict[str, Any]], since: float) -> float | None:
+    """Start of the first successful remote-path request that started at or after ``since``."""
+    starts = [
+        r["start"]
+        for r in records
+        if r["path"] == "remote" and r["outcome"] == "ok" and r["start"] >= since
+    ]
+    return min(starts) if starts else None
+
+
+def time_to_detect(records: list[dict[str, Any]], injected_at: float) -> float | None:
+    moments = [
+        r["start"] + (r["ttft_s"] if r["ttft_s"] is not None else r["total_s"] or 0.0)
+        for r in records
+        if r["path"] == "fallback" and r["start"] + (r["total_s"] or 0.0) >= injected_at
+    ]
+    return round(max(0.0, min(moments) - injected_at), 3) if moments else None
+
+
+def _r(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def figures(
+    records: list[dict[str, Any]],
+    *,
+    load_started_at: float,
+    injected_at: float,
+    restored_at: float,
+    breaker: dict[str, Any],
+    verification: dict[str, Any],
+) -> dict[str, Any]:
+    """Everything ``console.drills.services.drill_report_complete`` stores."""
+    requests: dict[str, dict[str, int]] = {w: {} for w in WINDOWS}
+    ttfts: dict[str, dict[str, list[float]]] = {w: {} for w in WINDOWS}
+    for r in records:
+        w = window(r["start"], injected_at, restored_at)
+        key = f"{r['path'] or 'none'}/{r['outcome']}"
+        requests[w][key] = requests[w].get(key, 0) + 1
+        if r["outcome"] == "ok" and r["ttft_s"] is not None:
+            ttfts[w].setdefault("all", []).append(r["ttft_s"])
+            ttfts[w].setdefault(r["path"], []).append(r["ttft_s"])
+    ttft = {
+        w: {
+            path: {"p50": _r(quantile(v, 0.5)), "p99": _r(quantile(v, 0.99)), "n": len(v)}
+            for path, v in sorted(ttfts[w].items())
+        }
+        for w in WINDOWS
+    }
+    failed = [r for r in records if r["outcome"] != "ok"]
+    recovered = first_remote_after(records, restored_at)
+    ordered = sorted(records, key=lambda r: r["start"])
+    step = max(1, len(ordered) // MAX_TIMELINE_ROWS + (len(ordered) % MAX_TIMELINE_ROWS > 0))
+    rows = [
+        [
+            round(r["start"] - load_started_at, 3),
+            r["path"],
+            r["outcome"],
+            _r(r["ttft_s"]),
+            _r(r["total_s"]),
+            r["prompt_tokens"],
+        ]
+        for r in ordered[::step]
+    ]
+    return {
+        "requests": requests,
+        "total_requests": len(records),
+        "failed_requests": len(failed),
+        "failures": [
+            {
+                "t": round(r["start"] - load_started_at, 3),
+                "status": r["status"],
+                "path": r["path"],
+                "outcome": r["outcome"],
+                "error": r["error"],
+            }
+            for r in failed[:MAX_FAILURES]
+        ],
+        "ttft": ttft,
+        "time_to_detect_s": time_to_detect(records, injected_at),
+        "time_to_recover_s": None if recovered is None else round(recovered - restored_at, 3),
+        "breaker": breaker,
+        "verification": verification,
+        "timeline": {
+            "columns": ["t", "path", "outcome", "ttft_s", "total_s", "prompt_tokens"],
+            "marks": {
+                "injected": round(injected_at - load_started_at, 3),
+                "restored": round(restored_at - load_started_at, 3),
+                "recovered": None if recovered is None else round(recovered - load_started_at, 3),
+            },
+            "sampled_every": step,
+            "rows": rows,
+        },
+    }

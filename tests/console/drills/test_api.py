@@ -1,0 +1,224 @@
+"""Drills API: role matrix, 400s naming the field, a run started with its report, the beat
+schedule, one drill at a time per deployment, reports readable by viewers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django_celery_beat.models import PeriodicTask
+
+from console.drills import services
+from console.drills.choices import STEPS
+from console.drills.models import Drill, DrillReport
+from console.runs.models import WorkflowRun
+from tests.conftest import role_client
+
+pytestmark = pytest.mark.django_db
+
+
+def _body(world, **extra):
+    return {"name": "cut-1", "deployment": world.deployment.pk, "kind": "link_cut",
+            "fault_s": 5, "baseline_s": 3, "after_s": 3, **extra}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("role", "expected"), [("anonymous", 401), ("viewer", 403), ("operator", 201), ("admin", 201)]
+)
+def test_creating_and_running_a_drill_needs_operator(api_as, world, role, expected):
+    response = role_client(api_as, role).post("/api/drills/", _body(world), format="json")
+
+    assert response.status_code == expected
+    assert DrillReport.objects.count() == (1 if expected == 201 else 0)
+
+
+@pytest.mark.parametrize(
+    ("role", "expected"), [("anonymous", 401), ("viewer", 200), ("operator", 200), ("admin", 200)]
+)
+@pytest.mark.parametrize("path", ["/api/drills/", "/api/drills/{d}/", "/api/drill-reports/",
+                                  "/api/drill-reports/{r}/"])  # fmt: skip
+def test_drills_and_reports_are_readable_by_every_role(api_as, world, role, expected, path):
+    drill = services.drill_create(
+        actor=None, name="cut", deployment=world.deployment, kind="link_cut"
+    )
+    report = services.drill_run(actor=None, drill=drill)
+
+    response = role_client(api_as, role).get(path.format(d=drill.pk, r=report.pk))
+
+    assert response.status_code == expected
+
+
+@pytest.mark.parametrize(
+    ("role", "expected"), [("anonymous", 401), ("viewer", 403), ("operator", 202), ("admin", 202)]
+)
+def test_running_again_needs_operator(api_as, world, role, expected):
+    drill = services.drill_create(
+        actor=None, name="cut", deployment=world.deployment, kind="link_cut"
+    )
+
+    response = role_client(api_as, role).post(f"/api/drills/{drill.pk}/run/")
+
+    assert response.status_code == expected
+
+
+@pytest.mark.parametrize(
+    ("role", "expected"), [("anonymous", 401), ("viewer", 403), ("operator", 204), ("admin", 204)]
+)
+def test_deleting_a_drill_needs_operator_and_removes_its_schedule(api_as, world, role, expected):
+    drill = services.drill_create(
+        actor=None, name="cut", deployment=world.deployment, kind="link_cut", schedule="0 3 * * 1"
+    )
+
+    response = role_client(api_as, role).delete(f"/api/drills/{drill.pk}/")
+
+    assert response.status_code == expected
+    assert PeriodicTask.objects.filter(name=f"drill:{drill.pk}").exists() == (expected != 204)
+
+
+def test_post_starts_the_workflow_with_resolved_params_and_a_running_report(api_as, world):
+    response = api_as("operator").post(
+        "/api/drills/",
+        _body(world, load_profile={"concurrency": 2}, criteria={"max_time_to_recover_s": 20}),
+        format="json",
+    )
+
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    report = DrillReport.objects.get(drill_id=body["id"])
+    assert body["last_report"] == {"id": report.pk, "state": "running", "run": report.run_id}
+    run = WorkflowRun.objects.get(pk=report.run_id)
+    assert run.kind == "drill_link_cut"
+    assert [s.name for s in run.steps.all()] == STEPS
+    assert run.target_type == "drills.drill"
+    assert run.params["faults"] == [
+        {"agent": "10.0.0.5:7070", "node": "dec-1", "kind": "link_cut", "target": "remote"}
+    ]
+    assert run.params["load"]["concurrency"] == 2
+    assert run.params["load"]["max_tokens"] == 16
+    assert run.params["criteria"]["max_time_to_recover_s"] == 20
+    assert run.params["criteria"]["max_failed_requests"] == 0
+    assert run.params["gateway_url"] == "http://dec-1:8080"
+    assert run.params["model"] == "qwen3next-tiny"
+
+
+def test_remote_restart_targets_the_prefill_nodes_engine(world):
+    drill = services.drill_create(
+        actor=None, name="rr", deployment=world.deployment, kind="remote_restart",
+        targets={"prefill_child": "prefill-a", "gateway_url": "https://gw:9443"},
+    )  # fmt: skip
+
+    report = services.drill_run(actor=None, drill=drill)
+
+    params = report.run.params
+    assert report.run.kind == "drill_remote_restart"
+    assert params["faults"] == [
+        {"agent": "10.1.0.5:7070", "node": "pre-1", "kind": "engine_kill", "target": "prefill-a"}
+    ]
+    assert params["gateway_url"] == "https://gw:9443"
+
+
+def test_create_without_running(api_as, world):
+    response = api_as("operator").post("/api/drills/", _body(world, run_now=False), format="json")
+
+    assert response.status_code == 201
+    assert response.json()["last_report"] is None
+    assert WorkflowRun.objects.count() == 0
+
+
+def test_a_second_drill_on_the_same_deployment_is_409_while_one_runs(api_as, world):
+    first = api_as("operator").post("/api/drills/", _body(world), format="json").json()
+    second = services.drill_create(
+        actor=None, name="rr", deployment=world.deployment, kind="remote_restart"
+    )
+
+    response = api_as("operator").post(f"/api/drills/{second.pk}/run/")
+
+    assert response.status_code == 409
+    assert "cut-1" in response.json()["detail"]
+    # Once the first run ended without a report (canceled), its report is aborted and a new
+    # drill may start.
+    WorkflowRun.objects.filter(pk=first["last_report"]["run"]).update(state="canceled")
+    assert api_as("operator").post(f"/api/drills/{second.pk}/run/").status_code == 202
+    assert DrillReport.objects.get(pk=first["last_report"]["id"]).state == "aborted"
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "text"),
+    [
+        ({"kind": "meteor"}, "kind", ""),
+        ({"fault_s": 0}, "fault_s", ""),
+        ({"fault_s": "long"}, "fault_s", ""),
+        ({"deployment": 999999}, "deployment", ""),
+        ({"load_profile": {"concurrency": 0}}, "load_profile", "load_profile.concurrency"),
+        ({"load_profile": {"speed": 1}}, "load_profile", "load_profile.speed"),
+        ({"load_profile": {"mix": "1:2"}}, "load_profile", "load_profile.mix"),
+        ({"load_profile": {"rate": -2}}, "load_profile", "load_profile.rate"),
+        ({"load_profile": [1]}, "load_profile", ""),
+        ({"criteria": {"max_failed_requests": -1}}, "criteria", "criteria.max_failed_requests"),
+        ({"criteria": {"require_fallback": "yes"}}, "criteria", "criteria.require_fallback"),
+        ({"criteria": {"luck": 1}}, "criteria", "criteria.luck"),
+        ({"targets": {"gateway_url": "gw:80"}}, "targets", "targets.gateway_url"),
+        ({"targets": {"verify_prompts": [1]}}, "targets", "targets.verify_prompts"),
+        ({"schedule": "every day"}, "schedule", "schedule"),
+        ({"schedule": "0 3 * *"}, "schedule", "schedule"),
+        ({"name": "Not A Slug!"}, "name", ""),
+    ],
+)
+def test_bad_input_is_400_naming_the_field(api_as, world, extra, field, text):
+    response = api_as("operator").post("/api/drills/", _body(world, **extra), format="json")
+
+    assert response.status_code == 400, response.json()
+    body = response.json()
+    assert field in body, body
+    assert text in json.dumps(body[field])
+    assert Drill.objects.count() == 0
+
+
+def test_deployment_without_prefill_pool_is_400(api_as, world):
+    world.prefill_pool.delete()
+
+    response = api_as("operator").post("/api/drills/", _body(world), format="json")
+
+    assert response.status_code == 400
+    assert "prefill" in json.dumps(response.json()["deployment"])
+
+
+def test_schedule_creates_updates_and_removes_the_periodic_task(api_as, world):
+    created = api_as("operator").post(
+        "/api/drills/", _body(world, run_now=False, schedule="30  4 * * 1-5"), format="json"
+    )
+    drill_id = created.json()["id"]
+
+    task = PeriodicTask.objects.get(name=f"drill:{drill_id}")
+    assert task.task == "orchestrator.drills.run_scheduled"
+    assert json.loads(task.args) == [drill_id]
+    assert (task.crontab.minute, task.crontab.hour, task.crontab.day_of_week) == ("30", "4", "1-5")
+    assert created.json()["schedule"] == "30 4 * * 1-5"
+
+    api_as("operator").patch(f"/api/drills/{drill_id}/", {"schedule": "0 1 * * *"}, format="json")
+    task.refresh_from_db()
+    assert (task.crontab.minute, task.crontab.hour) == ("0", "1")
+
+    api_as("operator").patch(f"/api/drills/{drill_id}/", {"schedule": ""}, format="json")
+    assert not PeriodicTask.objects.filter(name=f"drill:{drill_id}").exists()
+
+
+def test_reports_filter_by_state_and_drill(api_as, world):
+    drill = services.drill_create(
+        actor=None, name="cut", deployment=world.deployment, kind="link_cut"
+    )
+    report = services.drill_run(actor=None, drill=drill)
+
+    running = api_as("viewer").get(f"/api/drill-reports/?state=running&drill={drill.pk}").json()
+    passed = api_as("viewer").get("/api/drill-reports/?state=passed").json()
+
+    assert [r["id"] for r in running["results"]] == [report.pk]
+    assert passed["results"] == []
+
+
+def test_run_audited(api_as, world):
+    body = api_as("operator").post("/api/drills/", _body(world), format="json").json()
+
+    log = api_as("viewer").get(f"/api/audit-log/?object_type=drills.drill&object_id={body['id']}")
+
+    assert sorted(e["action"] for e in log.json()["results"]) == ["action", "create"]

@@ -1,0 +1,116 @@
+"""Drill report figures from load records and marks, and the verdict against criteria."""
+
+from __future__ import annotations
+
+import pytest
+
+from console.drills.choices import STEPS
+from console.drills.criteria import evaluate
+from orchestrator.workflows import workflow_module, workflow_steps
+from orchestrator.workflows.drill_figures import figures
+
+
+def rec(start, path, outcome="ok", ttft=0.1, total=0.2, status=200):
+    return {"index": 0, "start": start, "path": path, "outcome": outcome, "ttft_s": ttft,
+            "total_s": total, "status": status, "prompt_tokens": 100, "completion_tokens": 4,
+            "error": "" if outcome == "ok" else "boom"}  # fmt: skip
+
+
+RECORDS = [
+    rec(100.0, "remote", ttft=0.2),
+    rec(101.0, "local", ttft=0.1),
+    rec(102.0, "remote", ttft=0.4),
+    # fault injected at 103: a request sent at 102.9 waits for the prefill timeout, falls back
+    rec(102.9, "fallback", ttft=1.6, total=1.7),
+    rec(104.0, "fallback", ttft=0.3),
+    rec(105.0, "fallback", ttft=0.5),
+    # restored at 106; first remote again at 107.5
+    rec(106.2, "fallback", ttft=0.3),
+    rec(107.5, "remote", ttft=0.2),
+    rec(108.0, "remote", outcome="stream_error", ttft=None),
+]
+
+
+def _figures(**over):
+    args = {"load_started_at": 100.0, "injected_at": 103.0, "restored_at": 106.0,
+            "breaker": {"ejections": 1}, "verification": {"ok": True}, **over}  # fmt: skip
+    return figures(RECORDS, **args)
+
+
+def test_windows_paths_and_outcomes():
+    data = _figures()
+
+    assert data["requests"] == {
+        "before": {"remote/ok": 2, "local/ok": 1, "fallback/ok": 1},
+        "during": {"fallback/ok": 2},
+        "after": {"fallback/ok": 1, "remote/ok": 1, "remote/stream_error": 1},
+    }
+    assert data["total_requests"] == 9
+    assert data["failed_requests"] == 1
+    assert data["failures"] == [
+        {"t": 8.0, "status": 200, "path": "remote", "outcome": "stream_error", "error": "boom"}
+    ]
+
+
+def test_detect_recover_and_ttft_by_window():
+    data = _figures()
+
+    assert data["time_to_detect_s"] == 1.3  # 104.0 + 0.3 - 103 beats 102.9 + 1.6
+    assert data["time_to_recover_s"] == 1.5  # 107.5 - 106
+    assert data["ttft"]["during"]["fallback"] == {"p50": 0.3, "p99": 0.5, "n": 2}
+    assert data["ttft"]["before"]["remote"] == {"p50": 0.2, "p99": 0.4, "n": 2}
+    assert data["timeline"]["marks"] == {"injected": 3.0, "restored": 6.0, "recovered": 7.5}
+    assert data["timeline"]["rows"][0] == [0.0, "remote", "ok", 0.2, 0.2, 100]
+    assert len(data["timeline"]["rows"]) == 9
+
+
+def test_no_recovery_when_nothing_went_remote_after_restore():
+    data = figures(RECORDS[:7], load_started_at=100.0, injected_at=103.0, restored_at=106.0,
+                   breaker={}, verification={})  # fmt: skip
+
+    assert data["time_to_recover_s"] is None
+    assert data["timeline"]["marks"]["recovered"] is None
+
+
+def test_verdict_passes_only_when_every_criterion_holds():
+    data = _figures()
+    rows = {r["criterion"]: r for r in evaluate({"max_failed_requests": 1}, data)}
+
+    assert all(r["passed"] for r in rows.values()), rows
+    assert set(rows) == {
+        "max_failed_requests", "max_time_to_recover_s", "require_fallback",
+        "require_breaker_open", "require_recovery", "require_verification",
+    }  # fmt: skip
+
+    strict = {r["criterion"]: r["passed"] for r in evaluate({}, data)}
+    assert strict["max_failed_requests"] is False  # one stream error, default limit 0
+
+
+@pytest.mark.parametrize(
+    ("over", "criteria", "failing"),
+    [
+        ({"breaker": {"ejections": 0}}, {}, "require_breaker_open"),
+        ({"verification": {"ok": False}}, {}, "require_verification"),
+        ({}, {"max_time_to_recover_s": 1.0}, "max_time_to_recover_s"),
+        ({}, {"max_time_to_detect_s": 1.0}, "max_time_to_detect_s"),
+    ],
+)
+def test_each_criterion_can_fail(over, criteria, failing):
+    rows = evaluate({"max_failed_requests": 1, **criteria}, _figures(**over))
+
+    assert [r["criterion"] for r in rows if not r["passed"]] == [failing]
+
+
+def test_no_fallback_during_the_fault_fails_require_fallback():
+    data = figures([rec(104.0, "remote")], load_started_at=100.0, injected_at=103.0,
+                   restored_at=106.0, breaker={"ejections": 1}, verification={"ok": True})  # fmt: skip
+
+    failing = [r["criterion"] for r in evaluate({}, data) if not r["passed"]]
+
+    assert failing == ["max_time_to_recover_s", "require_fallback", "require_recovery"]
+
+
+def test_both_drill_workflows_have_the_steps_the_console_creates():
+    assert workflow_steps("drill_link_cut") == STEPS
+    assert workflow_steps("drill_remote_restart") == STEPS
+    assert workflow_module("drill_link_cut").on_failure is not None
