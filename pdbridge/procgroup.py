@@ -83,6 +83,7 @@ class ProcessGroups:
 
     log_dir: Path
     env: dict[str, str]
+    cwd: Path | None = None  # Celery's filesystem transport writes control files to its cwd
     children: list[Child] = field(default_factory=list)
 
     def start(self, name: str, argv: list[str], extra_env: dict[str, str] | None = None) -> Child:
@@ -96,6 +97,7 @@ class ProcessGroups:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                cwd=self.cwd,
             )
         child = Child(name, proc, log)
         self.children.append(child)

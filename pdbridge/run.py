@@ -58,6 +58,7 @@ def main(argv: list[str]) -> int:
     testbed.add_argument("--gateway-port", type=int, default=8080, help="0: any free port")
     testbed.add_argument("--var-dir", default=os.environ.get("PDBRIDGE_TESTBED_DIR", "var/testbed"))
     testbed.add_argument("--deploy-timeout", type=float, default=900.0, help="seconds")
+    testbed.add_argument("--deploy-retries", type=int, default=1, help="retries of a failed step")
     testbed.add_argument("--ready-file", default="", help="write the endpoints as JSON when up")
     testbed.add_argument(
         "--exit-after", type=float, default=0.0, help="stop after N s up (0: never)"

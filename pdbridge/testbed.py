@@ -137,6 +137,10 @@ class DemoTraffic:
             threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(threads)
         ]
 
+    @property
+    def started(self) -> bool:
+        return self.threads[0].ident is not None
+
     def start(self) -> None:
         for thread in self.threads:
             thread.start()
@@ -197,37 +201,55 @@ def _prepare_database() -> str | None:
     return ensure_admin()
 
 
-def _deploy(deployment_id: int, traffic: DemoTraffic, timeout: float) -> int:
-    """Start the deploy workflow and follow it, printing each step as it starts and ends;
-    demo traffic runs once the gateway is up. Returns the run id; raises when it fails."""
+def _follow(run_id: int, traffic: DemoTraffic, deadline: float, seen: dict[str, str]) -> Any:
+    """Print each step as it changes state until the run ends; returns the ended run."""
+    from console.runs.models import WorkflowRun
+
+    while True:
+        run = WorkflowRun.objects.get(pk=run_id)
+        for step in run.steps.order_by("index"):
+            key = f"{step.state}:{step.attempt}"
+            if seen.get(step.name) != key and step.state != "pending":
+                seen[step.name] = key
+                _say(f"step {step.index + 1}/8 {step.name}: {step.state}")
+                if step.name == "gateway" and step.state == "succeeded" and not traffic.started:
+                    traffic.start()
+        if run.state in {"succeeded", "failed", "rolled_back", "canceled"}:
+            return run
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"deploy run {run_id} not finished in time (--deploy-timeout)")
+        time.sleep(0.5)
+
+
+def _deploy(deployment_id: int, traffic: DemoTraffic, timeout: float, retries: int) -> int:
+    """Start the deploy workflow and follow it; demo traffic runs once the gateway is up. A
+    failed step is retried from that step up to ``retries`` times (what an operator would do
+    after a transient failure on a loaded machine), visibly. Returns the run id; raises when
+    it still fails."""
     from console.deployments import flows
     from console.deployments.models import Deployment
-    from console.runs.models import WorkflowRun
+    from console.runs import services as run_services
 
     deployment = Deployment.objects.get(pk=deployment_id)
     run = flows.deployment_deploy(actor=None, deployment=deployment, params=DEMO_PARAMS)
-    seen: dict[str, str] = {}
     deadline = time.monotonic() + timeout
-    total = 8
-    while True:
-        run = WorkflowRun.objects.get(pk=run.pk)
-        for step in run.steps.order_by("index"):
-            if seen.get(step.name) != step.state and step.state != "pending":
-                seen[step.name] = step.state
-                _say(f"step {step.index + 1}/{total} {step.name}: {step.state}")
-                if step.name == "gateway" and step.state == "succeeded":
-                    traffic.start()
-        if run.state in {"succeeded", "failed", "rolled_back", "canceled"}:
+    seen: dict[str, str] = {}
+    for attempt in range(retries + 1):
+        run = _follow(run.pk, traffic, deadline, seen)
+        if run.state == "succeeded":
             break
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"deploy run {run.pk} not finished in {timeout:.0f} s")
-        time.sleep(0.5)
-    deployment = Deployment.objects.get(pk=deployment_id)
-    if run.state != "succeeded" or deployment.remote_share_percent != 100:
-        steps = " ".join(f"{s.name}={s.state}" for s in run.steps.order_by("index"))
         failed = next((s for s in run.steps.order_by("index") if s.state == "failed"), None)
         reason = failed.error if failed else run.error
-        raise RuntimeError(f"deploy run {run.pk} {run.state}: {steps}; {reason}")
+        _say(f"deploy run {run.pk} {run.state}: {reason}")
+        if failed is None or attempt == retries:
+            raise RuntimeError(f"deploy run {run.pk} {run.state}: {reason}")
+        _say(f"retrying from step {failed.index + 1} ({failed.name})")
+        run = run_services.run_retry(actor=None, run=run, from_index=failed.index)
+    deployment = Deployment.objects.get(pk=deployment_id)
+    if deployment.remote_share_percent != 100:
+        raise RuntimeError(
+            f"deploy run {run.pk} ended with remote share {deployment.remote_share_percent} %"
+        )
     _say(
         f"deployment {deployment.name}: {deployment.state}, remote share {deployment.remote_share_percent} %"
     )
@@ -256,6 +278,7 @@ def bring_up(args: Any, groups: ProcessGroups, stop: threading.Event) -> Endpoin
     pki = make_pki(var_dir / "pki")
     env = _child_env(var_dir, pki)
     groups.env = env
+    groups.cwd = var_dir
     _setup_django(env)
     password = _prepare_database()
     context = ssl.create_default_context(cafile=str(pki["ca"]))
@@ -327,9 +350,9 @@ def bring_up(args: Any, groups: ProcessGroups, stop: threading.Event) -> Endpoin
     gateway_url = f"https://localhost:{ports.gateway}"
     traffic = DemoTraffic(gateway_url, context, model.served)
     try:
-        run_id = _deploy(rows.deployment_id, traffic, args.deploy_timeout)
+        run_id = _deploy(rows.deployment_id, traffic, args.deploy_timeout, args.deploy_retries)
     finally:
-        if traffic.threads[0].is_alive():
+        if traffic.started:
             traffic.stop()
             _say(f"demo traffic during the canary: {traffic.outcomes}")
 

@@ -49,7 +49,7 @@ MODELS: dict[str, DemoModel] = {
             ],
         },
         parameter_count=1_000_000,
-        timeout_ms=8000,
+        timeout_ms=15000,
         # Over the remote threshold (64 tokens) by the gateway's estimate of 4 chars a token.
         demo_prompt="Two datacenters, one answer: "
         + "prefill over there, decode right here. " * 10,
