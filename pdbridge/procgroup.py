@@ -153,6 +153,20 @@ class ProcessGroups:
         return found
 
 
+def terminate_session(proc: subprocess.Popen[bytes], grace: float = 120.0) -> bool:
+    """SIGTERM a process started with ``start_new_session`` (the testbed) and wait; SIGKILL its
+    whole group when it overruns ``grace``. True when it stopped by itself in time."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return False
+    return True
+
+
 def become_subreaper() -> None:
     """Orphaned descendants (an engine whose agent died) are re-parented to this process
     instead of init, so shutdown can still find them. Linux only; silently skipped elsewhere."""

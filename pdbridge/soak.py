@@ -20,14 +20,13 @@ import asyncio
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from pdbridge.procgroup import cmdline, descendants
+from pdbridge.procgroup import cmdline, descendants, terminate_session
 
 ROLES = [  # (pattern in the command line, role); first match wins
     (r"agents/keeper\.py", "keeper"),  # its command line holds its child's: match it first
@@ -152,8 +151,11 @@ def soak(
         stdout=subprocess.DEVNULL, stderr=(out_dir / "loadgen.log").open("wb"),
     )  # fmt: skip
     began = time.monotonic()
+    # Both samples are taken under load: the end one shortly before the load stops.
+    end_at = args.duration_s - min(5.0, args.duration_s * 0.05)
     plan = sorted([
-        (args.warmup_s, "sample"),
+        (args.warmup_s, "start"),
+        (end_at, "end"),
         (args.restart_at * args.duration_s, "restart"),
         (args.cut_at * args.duration_s, "cut"),
     ])  # fmt: skip
@@ -164,7 +166,9 @@ def soak(
     for at, action in plan:
         time.sleep(max(0.0, began + at - time.monotonic()))
         try:
-            if action == "sample":
+            if action == "end":
+                samples["end"] = sample(ready["pid"])
+            elif action == "start":
                 samples["start"] = sample(ready["pid"])
                 _say(
                     f"warm-up over: sampled {sum(r['processes'] for r in samples['start'].values())} processes"
@@ -187,9 +191,10 @@ def soak(
         except Exception as exc:  # any failure to act is a soak failure, reported
             errors.append(f"{action}: {exc}")
     load.wait(args.duration_s + 300)
-    samples["end"] = sample(ready["pid"])
     load_summary = json.loads(summary.read_text()) if summary.exists() else {}
-    problems = growth(samples.get("start", {}), samples["end"], args.max_growth, args.fd_slack)
+    problems = growth(
+        samples.get("start", {}), samples.get("end", {}), args.max_growth, args.fd_slack
+    )
     if load.returncode != 0:
         errors.append(f"loadgen exited {load.returncode}")
     if load_summary.get("failed", 1) != 0:
@@ -269,12 +274,8 @@ def main(argv: list[str]) -> int:
         _say(f"failed: {exc or 'interrupted'}")
         return 1
     finally:
-        testbed.send_signal(signal.SIGTERM)
-        try:
-            testbed.wait(120)
-        except subprocess.TimeoutExpired:
-            os.killpg(testbed.pid, signal.SIGKILL)
-            testbed.wait()
+        if not terminate_session(testbed):
+            _say("the testbed overran its shutdown grace and was killed")
     report_path = Path(args.report) if args.report else out_dir / "report.json"
     report_path.write_text(json.dumps(report, indent=2))
     _print(report)

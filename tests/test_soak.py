@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
 from pdbridge import soak
 from pdbridge.procgroup import descendants
+from tests.support import subprocess_env
 
 
 @pytest.fixture
@@ -88,3 +91,31 @@ def test_bad_options_are_refused_naming_the_option(capsys):
     with pytest.raises(SystemExit):
         soak.main(["--duration-s", "100", "--warmup-s", "50"])
     assert "--warmup-s" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_short_soak_passes_with_both_faults_and_leaves_nothing_behind(tmp_path):
+    from tests.test_testbed import FOREIGN, marked_processes
+
+    mark = uuid.uuid4().hex
+    env = {k: v for k, v in subprocess_env(PDBRIDGE_SMOKE_MARK=mark).items() if k not in FOREIGN}
+
+    result = subprocess.run(
+        [sys.executable, "-m", "pdbridge.cli", "soak", "--duration-s", "45", "--warmup-s", "5",
+         "--cut-s", "6", "--var-dir", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=1100, check=False,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [f["kind"] for f in report["faults"]] == ["engine_restart", "link_cut"]
+    assert report["requests"]["failed"] == 0
+    assert report["requests"]["by_path"].get("remote", 0) > 0
+    assert report["requests"]["by_path"].get("local", 0) > 0
+    for sample in ("start", "end"):
+        roles = report["processes"][sample]
+        assert {"console", "worker", "beat", "agent-local", "agent-remote", "engine-prefill",
+                "engine-decode", "kv-link", "gateway", "wan-shaper"} <= set(roles)  # fmt: skip
+    assert "[pdbridge soak] passed" in result.stdout
+    assert marked_processes(mark) == []

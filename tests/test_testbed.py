@@ -9,7 +9,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import sqlite3
 import ssl
 import subprocess
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pdbridge.procgroup import port_is_free
+from pdbridge.procgroup import port_is_free, terminate_session
 from tests.support import subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -119,16 +118,11 @@ def test_make_run_reaches_full_share_serves_remote_and_shuts_down_clean(tmp_path
             assert 1 <= printed["usage"]["completion_tokens"] <= 16
         assert marked_processes(mark), "the testbed's processes carry the mark"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
-        finally:
-            out.close()
+        stopped_in_time = terminate_session(proc)
+        out.close()
 
     output = (tmp_path / "run.out").read_text()
+    assert stopped_in_time
     assert proc.returncode == 0, output[-3000:]
     assert "stopped" in output
     assert "killed leftover process" not in output
