@@ -100,8 +100,10 @@ class AgentService:
         self.started = time.monotonic()
         self.accelerators = config.capacity.accelerators or detect_accelerators()
         self.metrics_port = 0
-        self._launch_lock = asyncio.Lock()
-        self._launches: set[asyncio.Task[tuple[Child, str]]] = set()
+        # One lock per child name: launches of different children run side by side (a vLLM
+        # start takes minutes), the same name is serialized.
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._launching: set[str] = set()
         self._http: aiohttp.ClientSession | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
@@ -199,77 +201,72 @@ class AgentService:
         """Start ``spec`` and wait for readiness. Returns the child and the action taken:
         ``started``, ``unchanged`` (same spec already there) or ``rolled`` (new spec: the new
         child is started and healthy before the old one stops). A child that cannot become
-        healthy raises LaunchError (DEADLINE_EXCEEDED / ABORTED) and is not kept.
-
-        A cancelled call (the controller died, or its deadline passed, mid-launch) does not
-        cancel the launch: it runs to the end as its own task, so the child it started is kept
-        (or stopped if unhealthy), never orphaned, and a retry finds it ``unchanged`` instead
-        of starting a second process on the same port."""
+        healthy raises LaunchError (DEADLINE_EXCEEDED / ABORTED) and is not kept."""
         validate_spec(spec)
-        task = asyncio.ensure_future(self._launch(spec))
-        self._launches.add(task)
-        task.add_done_callback(self._launch_done)
-        return await asyncio.shield(task)
-
-    def _launch_done(self, task: asyncio.Task[tuple[Child, str]]) -> None:
-        self._launches.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.info("launch.finished_with_error error=%s", task.exception())
-
-    async def _launch(self, spec: ChildSpec) -> tuple[Child, str]:
-        async with self._launch_lock:
-            current = self.children.get(spec.name)
-            if current is not None and current.spec.kind != spec.kind:
-                raise LaunchError(
-                    "name", f"{spec.name!r} is already a {current.spec.kind}", "ALREADY_EXISTS"
-                )
-            if (
-                current is not None
-                and current.spec.fingerprint() == spec.fingerprint()
-                and current.state != "failed"
-            ):
-                return current, "unchanged"
-            if current is None and len(self.children) >= self.config.supervision.max_children:
-                raise LaunchError(
-                    "name",
-                    f"supervision.max_children ({self.config.supervision.max_children}) reached",
-                    "RESOURCE_EXHAUSTED",
-                )
-            pinned = spec.settings.get("port")
-            if current is not None and pinned is not None and pinned == current.plan.port:
-                # Same fixed port: the old child must go first (stop, then start).
-                await current.stop()
-                del self.children[spec.name]
-                current = None
-            child = await self._new_child(spec, current)
-            child.start()
+        async with self._lock_for(spec.name):
+            self._launching.add(spec.name)
             try:
-                settled = await child.wait_settled(self.config.supervision.readiness_timeout_s + 5)
-            except asyncio.CancelledError:
-                # The caller gave up (its deadline passed): a child nobody tracks must not
-                # keep running. Stopped in the background; the cancellation goes on.
-                self._in_background(child.stop(grace=2))
-                raise
-            if not settled or child.state != "running":
-                tail, _ = child.log.read(-2000, 2000)
-                reason = (
-                    "did not become healthy in time"
-                    if not settled
-                    else f"ended {child.state} ({child.last_exit})"
-                )
-                await child.stop(grace=2)
-                raise LaunchError(
-                    "settings",
-                    f"{spec.name} {reason}; log tail: {tail.decode(errors='replace')[-800:]}",
-                    "DEADLINE_EXCEEDED" if not settled else "ABORTED",
-                )
-            self.children[spec.name] = child
-            if current is not None:
-                current.owns_log, child.owns_log = False, True
-                # Shielded: a caller's cancellation must not leave the old child running.
-                await asyncio.shield(self._in_background(current.stop()))
-                return child, "rolled"
-            return child, "started"
+                return await self._launch_locked(spec)
+            finally:
+                self._launching.discard(spec.name)
+
+    def _lock_for(self, name: str) -> asyncio.Lock:
+        return self._locks.setdefault(name, asyncio.Lock())
+
+    async def _launch_locked(self, spec: ChildSpec) -> tuple[Child, str]:
+        current = self.children.get(spec.name)
+        if current is not None and current.spec.kind != spec.kind:
+            raise LaunchError(
+                "name", f"{spec.name!r} is already a {current.spec.kind}", "ALREADY_EXISTS"
+            )
+        if (
+            current is not None
+            and current.spec.fingerprint() == spec.fingerprint()
+            and current.state != "failed"
+        ):
+            return current, "unchanged"
+        others = len(self.children) + len(self._launching - set(self.children) - {spec.name})
+        if current is None and others >= self.config.supervision.max_children:
+            raise LaunchError(
+                "name",
+                f"supervision.max_children ({self.config.supervision.max_children}) reached",
+                "RESOURCE_EXHAUSTED",
+            )
+        pinned = spec.settings.get("port")
+        if current is not None and pinned is not None and pinned == current.plan.port:
+            # Same fixed port: the old child must go first (stop, then start).
+            await current.stop()
+            del self.children[spec.name]
+            current = None
+        child = await self._new_child(spec, current)
+        child.start()
+        try:
+            settled = await child.wait_settled(self.config.supervision.readiness_timeout_s + 5)
+        except asyncio.CancelledError:
+            # The caller gave up (its deadline passed): a child nobody tracks must not
+            # keep running. Stopped in the background; the cancellation goes on.
+            self._in_background(child.stop(grace=2))
+            raise
+        if not settled or child.state != "running":
+            tail, _ = child.log.read(-2000, 2000)
+            reason = (
+                "did not become healthy in time"
+                if not settled
+                else f"ended {child.state} ({child.last_exit})"
+            )
+            await child.stop(grace=2)
+            raise LaunchError(
+                "settings",
+                f"{spec.name} {reason}; log tail: {tail.decode(errors='replace')[-800:]}",
+                "DEADLINE_EXCEEDED" if not settled else "ABORTED",
+            )
+        self.children[spec.name] = child
+        if current is not None:
+            current.owns_log, child.owns_log = False, True
+            # Shielded: a caller's cancellation must not leave the old child running.
+            await asyncio.shield(self._in_background(current.stop()))
+            return child, "rolled"
+        return child, "started"
 
     def _in_background(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.ensure_future(coro)
@@ -284,15 +281,16 @@ class AgentService:
         return child
 
     async def stop(self, name: str) -> Child:
-        async with self._launch_lock:
+        async with self._lock_for(name):
             child = self.child(name)
             await child.stop()
             del self.children[name]
             return child
 
     async def restart(self, name: str) -> Child:
-        child = self.child(name)
-        await child.restart()
+        async with self._lock_for(name):
+            child = self.child(name)
+            await child.restart()
         await child.wait_settled(self.config.supervision.readiness_timeout_s + 5)
         return child
 

@@ -11,5 +11,7 @@ urlpatterns = [
     path("", include("console.deployments.api.urls")),
     path("", include("console.rollouts.api.urls")),
     path("", include("console.planner.api.urls")),
+    path("", include("console.schedules.api.urls")),
+    path("", include("console.alerts.api.urls")),
     path("", include("console.drills.api.urls")),
 ]

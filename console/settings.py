@@ -156,6 +156,15 @@ if PDBRIDGE_CONTROLLER_INSECURE and PRODUCTION:
 HEARTBEAT_INTERVAL_S = _env_int("PDBRIDGE_HEARTBEAT_INTERVAL_S", 10, minimum=1)
 HEARTBEAT_MISSED_LIMIT = _env_int("PDBRIDGE_HEARTBEAT_MISSED_LIMIT", 3, minimum=1)
 
+# Telemetry samples older than this are deleted by the hourly beat job prune_samples.
+TELEMETRY_RETENTION_DAYS = _env_int("PDBRIDGE_TELEMETRY_RETENTION_DAYS", 14, minimum=1)
+
+# Alert e-mail goes through Django's SMTP backend (tests use the in-memory backend).
+EMAIL_HOST = os.environ.get("PDBRIDGE_EMAIL_HOST", "localhost")
+EMAIL_PORT = _env_int("PDBRIDGE_EMAIL_PORT", 25, minimum=1)
+EMAIL_USE_TLS = _env_bool("PDBRIDGE_EMAIL_USE_TLS", False)
+DEFAULT_FROM_EMAIL = os.environ.get("PDBRIDGE_EMAIL_FROM", "pdbridge@localhost")
+
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",
@@ -177,10 +186,13 @@ INSTALLED_APPS = [
     "console.deployments",
     "console.rollouts",
     "console.planner",
+    "console.schedules",
+    "console.alerts",
     "console.drills",
 ]
 
 MIDDLEWARE = [
+    "console.core.metrics.MetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -269,6 +281,10 @@ SPECTACULAR_SETTINGS = {
         "SiteRoleEnum": "console.inventory.choices.SiteRole",
         "PoolRoleEnum": "console.deployments.choices.PoolRole",
         "UserRoleEnum": "console.core.choices.Role",
+        "AlertLevelEnum": "console.alerts.choices.AlertLevel",
+        "AlertLayerEnum": "console.alerts.choices.AlertLayer",
+        "DrillKindEnum": "console.drills.choices.DrillKind",
+        "DrillReportStateEnum": "console.drills.choices.ReportState",
     },
 }
 

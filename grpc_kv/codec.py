@@ -187,6 +187,7 @@ class AutoCodec:
         speeds = []
         sample = memoryview(sample)[: self.sample_bytes]
         for codec in (Codec.ZSTD, Codec.ZSTD_BYTEPLANE):
+            compress(codec, sample[:65536], self.level)  # warm up: first calls are slow
             start = time.perf_counter()
             out = compress(codec, sample, self.level)
             elapsed = max(time.perf_counter() - start, 1e-6)
@@ -194,6 +195,16 @@ class AutoCodec:
         self._speeds = speeds
         self._measured_at = time.monotonic()
         return speeds
+
+    def observe(self, codec: Codec, raw_bytes: int, seconds: float) -> None:
+        """Fold a real encode (raw bytes in ``seconds``, in the sender's pipeline) into the
+        codec's speed: the sample measured alone is optimistic once the transport and the
+        producer compete for the same cores."""
+        if seconds <= 0 or raw_bytes < 4096:
+            return
+        for speed in self._speeds:
+            if speed.codec is codec:
+                speed.bytes_per_s = 0.5 * speed.bytes_per_s + 0.5 * raw_bytes / seconds
 
     def choose(self, data: bytes | memoryview, link_bytes_per_s: float) -> Codec:
         """The codec for this chunk given the link's rate in bytes/s (0 = unknown: zstd)."""
@@ -203,10 +214,12 @@ class AutoCodec:
             self.measure(data)
         if link_bytes_per_s <= 0:
             return Codec.ZSTD
-        best, best_time = Codec.NONE, 1.0 / link_bytes_per_s
-        for speed in self._speeds:
-            per_byte = max(1.0 / speed.bytes_per_s, 1.0 / (speed.ratio * link_bytes_per_s))
-            # Require a 20% gain: the estimate is optimistic (the CPU is shared with the transport).
-            if per_byte < best_time * 0.8:
-                best, best_time = speed.codec, per_byte
-        return best
+        plain = 1.0 / link_bytes_per_s
+        best = min(
+            self._speeds,
+            key=lambda s: max(1.0 / s.bytes_per_s, 1.0 / (s.ratio * link_bytes_per_s)),
+        )
+        per_byte = max(1.0 / best.bytes_per_s, 1.0 / (best.ratio * link_bytes_per_s))
+        # Compress only for a 20% gain: the estimate is optimistic (the CPU is shared with
+        # the transport and the producer).
+        return best.codec if per_byte < plain * 0.8 else Codec.NONE

@@ -11,8 +11,9 @@ Toxics (each has ``direction``: ``upstream`` = client->server, ``downstream``, o
 :class:`Latency`, :class:`Bandwidth`, :class:`Slicer`, :class:`Flip` (one byte at chosen
 offsets, or after each distinct occurrence of a pattern), :class:`CloseAfter` (close the
 connection after N bytes). Cuts: ``reset`` closes every connection with RST and refuses
-new ones, ``blackhole`` keeps connections open but forwards nothing (a dead path, like a
-link down), ``refuse`` only refuses new connections. Counters in :attr:`stats`.
+new ones, ``blackhole`` keeps connections open but drops everything (a dead path whose endpoints
+never learn it; bytes sent meanwhile are lost, so those connections stay broken after
+``restore``), ``refuse`` only refuses new connections. Counters in :attr:`stats`.
 
 Used by the KV-link tests, and meant for the gateway tests and drills (``pdbridge kv proxy``).
 Runs in the caller's event loop; nothing blocks. The proxy never raises into its caller for
@@ -166,6 +167,8 @@ class FaultProxy:
         self.port: int | None = None
         self._server: asyncio.Server | None = None
         self._conns: set[_Conn] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._held: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> int:
         """Listen; returns the bound port."""
@@ -175,12 +178,19 @@ class FaultProxy:
         return self.port
 
     async def stop(self) -> None:
+        """Close the listener and every connection (also black-holed ones) and wait for
+        their handlers, so nothing outlives the proxy's event loop."""
         if self._server is not None:
             self._server.close()
         for conn in list(self._conns):
             conn.abort(rst=False)
             for task in conn.tasks:
                 task.cancel()
+        for writer in list(self._held):
+            _abort(writer, rst=False)
+        for handler in list(self._handlers):
+            handler.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
@@ -221,16 +231,34 @@ class FaultProxy:
 
     # -- data path -----------------------------------------------------------------------
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        if handler is not None:
+            self._handlers.add(handler)
+        try:
+            await self._handle(reader, writer)
+        except asyncio.CancelledError:
+            # stop() cancels handlers; asyncio's stream callback would log the cancellation
+            # of a connection callback as an error, so end quietly.
+            pass
+        finally:
+            if handler is not None:
+                self._handlers.discard(handler)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.mode in ("reset", "refuse"):
             self.stats.refused += 1
             _abort(writer, rst=True)
             return
         if self.mode == "blackhole":
             # A dead path: the SYN was answered (we cannot un-accept) but nothing flows.
-            with contextlib.suppress(Exception):
-                while await reader.read(READ_SIZE):
-                    pass
-            writer.close()
+            self._held.add(writer)
+            try:
+                with contextlib.suppress(OSError):
+                    while await reader.read(READ_SIZE):
+                        pass
+            finally:
+                self._held.discard(writer)
+                _abort(writer, rst=False)
             return
         try:
             up_reader, up_writer = await asyncio.open_connection(*self.upstream)
@@ -262,6 +290,21 @@ class FaultProxy:
         # without limiting throughput.
         queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(maxsize=256)
         sender = asyncio.create_task(self._deliver(conn, queue, writer, direction))
+        try:
+            await self._read_side(conn, reader, writer, direction, queue, sender)
+        finally:
+            if not sender.done():
+                sender.cancel()
+
+    async def _read_side(
+        self,
+        conn: _Conn,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        direction: str,
+        queue: asyncio.Queue[tuple[float, bytes] | None],
+        sender: asyncio.Task[None],
+    ) -> None:
         offset = 0
         try:
             while True:

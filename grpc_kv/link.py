@@ -67,8 +67,10 @@ class Link:
         self.tls = tls
         self.metrics = metrics or SENDER_METRICS
         max_message = self.options.chunk_size_bytes + (1 << 20)
-        opts = grpc_options(max(max_message, 64 << 20), self.options.keepalive_ms)
-        self.channels = [self.tls.channel(target, opts) for _ in range(self.options.connections)]
+        self._opts = grpc_options(max(max_message, 64 << 20), self.options.keepalive_ms)
+        self.channels = [
+            self.tls.channel(target, self._opts) for _ in range(self.options.connections)
+        ]
         ceiling = self.options.rate_ceiling_bps / 8
         self.bucket = TokenBucket(ceiling, burst=max(self.options.chunk_size_bytes, ceiling * 0.05))
         self._window_bytes = 0
@@ -93,6 +95,12 @@ class Link:
             response_deserializer=pb.ProbeReply.FromString,
         )
 
+    def known_bytes_per_s(self) -> float:
+        """The configured rate, else the goodput seen so far (0 = nothing known yet)."""
+        if self.options.link_rate_bps > 0:
+            return self.options.link_rate_bps / 8
+        return self.goodput_bytes_per_s
+
     async def link_bytes_per_s(self) -> float:
         """Link capacity in bytes/s for ``auto`` compression: ``link_rate_bps`` when
         configured, else a short measurement (cached per target for a minute). Goodput
@@ -115,7 +123,7 @@ class Link:
         """Push random 1 MiB probe blocks over every connection for ``seconds`` (or until
         ``max_bytes``); returns bytes, seconds (receiver-timed) and bytes_per_s."""
         block = os.urandom(PROBE_BLOCK)
-        frame = b"\x0a" + _varint(len(block)) + block  # ProbeBlock{payload}: field 1, bytes
+        frame = b"\x0a" + varint(len(block)) + block  # ProbeBlock{payload}: field 1, bytes
         budget = (max_bytes or 1 << 62) // len(self.channels)
         stop_at = time.monotonic() + seconds
 
@@ -164,6 +172,14 @@ class Link:
         self.metrics.rtt.labels(self.target).set(rtt)
         return rtt
 
+    async def reset(self, index: int) -> None:
+        """Replace connection ``index`` with a new TCP connection: a stalled one may sit on
+        a dead path that neither TCP nor HTTP/2 keepalive has noticed. Calls still on the
+        old channel (other transfers) fail and resume on the new one."""
+        old = self.channels[index]
+        self.channels[index] = self.tls.channel(self.target, self._opts)
+        await old.close(None)
+
     async def close(self) -> None:
         await asyncio.gather(*(channel.close(None) for channel in self.channels))
 
@@ -172,7 +188,8 @@ _MEASURED: dict[str, tuple[float, float]] = {}
 PROBE_BLOCK = 1 << 20
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """Protobuf base-128 varint (frames assembled by hand around big payloads)."""
     out = bytearray()
     while True:
         byte = value & 0x7F

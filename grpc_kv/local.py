@@ -32,11 +32,16 @@ class LocalReader:
         return self._segments()
 
     async def _segments(self) -> AsyncIterator[Segment]:
-        try:
-            async for msg in self._call:
-                yield Segment(msg.layer, msg.offset, msg.data, msg.layer_final)
-        except grpc.aio.AioRpcError as exc:
-            raise _failure(exc) from exc
+        # read() rather than ``async for``: the header was already read with read(), and
+        # grpc.aio forbids mixing the two styles on one call.
+        while True:
+            try:
+                msg: Any = await self._call.read()
+            except grpc.aio.AioRpcError as exc:
+                raise _failure(exc) from exc
+            if msg is EOF:
+                return
+            yield Segment(msg.layer, msg.offset, msg.data, msg.layer_final)
 
 
 def _failure(exc: grpc.aio.AioRpcError) -> TransferFailed:

@@ -102,6 +102,8 @@ async def loopback(
             bytes_wire=summary.bytes_wire,
             chunks=summary.chunks,
             retransmits=summary.retransmits,
+            resent_bytes=summary.resent_bytes,
+            resumes=summary.resumes,
             checksum_failures=summary.checksum_failures,
             seconds=round(summary.seconds, 3),
             mbit_s=round(summary.goodput_mbit_s, 2),

@@ -22,7 +22,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -37,10 +37,17 @@ from grpc_kv.codec import (
     split,
     transfer_digest,
 )
-from grpc_kv.link import EOF, Link
+from grpc_kv.link import EOF, Link, varint
 from grpc_kv.manifest import TransferHeader
 from grpc_kv.options import LinkOptions
 from grpc_kv.protocol import PROTOCOL_VERSION, pb
+from grpc_kv.results import (
+    TransferError,
+    TransferRefused,
+    TransferSummary,
+    TransferTimeout,
+    _StreamStalled,
+)
 from grpc_kv.tls import TLSConfig
 
 log = logging.getLogger("grpc_kv.sender")
@@ -59,43 +66,6 @@ _FATAL = {
 }
 
 
-class TransferError(Exception):
-    """A transfer failed; ``code`` is the receiver's gRPC status when it refused."""
-
-    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-class TransferTimeout(TransferError):
-    """The transfer did not complete within ``timeout_ms``."""
-
-
-class TransferRefused(TransferError):
-    """The receiver refused (fingerprint, version, id reuse, peer not allowed, bad frame)."""
-
-
-@dataclass
-class TransferSummary:
-    """What a finished transfer cost: returned by :meth:`Transfer.finish`."""
-
-    transfer_id: str
-    bytes_raw: int = 0
-    bytes_wire: int = 0
-    chunks: int = 0
-    retransmits: int = 0
-    resent_bytes: int = 0
-    resumes: int = 0
-    checksum_failures: int = 0
-    busy: int = 0
-    seconds: float = 0.0
-    codecs: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def goodput_mbit_s(self) -> float:
-        return self.bytes_raw * 8 / 1e6 / self.seconds if self.seconds else 0.0
-
-
 @dataclass(eq=False, repr=False)  # identity semantics: frames are megabytes
 class _Chunk:
     seq: int
@@ -109,8 +79,21 @@ class _Chunk:
     queued: bool = False
 
 
-def _encode(data: memoryview, codec: Codec, level: int, kind: Any) -> tuple[bytes, int]:
-    return compress(codec, data, level), checksum(kind, data)
+_PAYLOAD_TAG = b"\x4a"  # Chunk.payload: field 9, length-delimited
+
+
+def _encode(
+    data: memoryview, codec: Codec, level: int, kind: Any, head: Any
+) -> tuple[bytes, int, float]:
+    """Build a Chunk frame (blocking): the small fields through protobuf, the payload
+    appended by hand so that uncompressed data is copied once, not three times. Returns
+    (frame, payload length, seconds spent compressing)."""
+    start = time.perf_counter()
+    payload: bytes | memoryview = data if codec is Codec.NONE else compress(codec, data, level)
+    spent = time.perf_counter() - start
+    head.checksum = checksum(kind, data)
+    frame = b"".join((head.SerializeToString(), _PAYLOAD_TAG, varint(len(payload)), payload))
+    return frame, len(payload), spent
 
 
 class Transfer:
@@ -180,7 +163,7 @@ class Transfer:
         return base * random.uniform(0.5, 1.5)  # noqa: S311 - jitter, not security
 
     # -- start ---------------------------------------------------------------------------
-    async def _begin(self, resume: bool) -> None:
+    async def _begin(self, resume: bool, index: int = 0) -> None:
         request = pb.BeginRequest(
             protocol_version=PROTOCOL_VERSION,
             header=self.header.to_pb(),
@@ -188,7 +171,7 @@ class Transfer:
             deadline_ms=max(1, int(self.remaining() * 1000)),
             checksum=CHECKSUM_TO_PB[self.options.checksum],
         )
-        reply = await self.link.unary(0, "Begin", pb.BeginReply)(
+        reply = await self.link.unary(index, "Begin", pb.BeginReply)(
             request, timeout=self._rpc_timeout()
         )
         if resume:
@@ -279,14 +262,9 @@ class Transfer:
         codec = self.options.compression
         if codec is Codec.AUTO:
             codec = self._auto.choose(piece, await self.link.link_bytes_per_s())
-        args = (piece, codec, self.options.zstd_level, self.options.checksum)
-        if len(piece) > _THREAD_ENCODE_BYTES:
-            payload, raw_sum = await asyncio.to_thread(_encode, *args)
-        else:
-            payload, raw_sum = _encode(*args)
         seq = self._next_seq
         self._next_seq += 1
-        frame = pb.Chunk(
+        head = pb.Chunk(
             transfer_id=self.header.transfer_id,
             seq=seq,
             layer=layer,
@@ -294,10 +272,16 @@ class Transfer:
             layer_final=final,
             codec=CODEC_TO_PB[codec],
             raw_length=len(piece),
-            checksum=raw_sum,
-            payload=payload,
-        ).SerializeToString()
-        chunk = _Chunk(seq, frame, len(piece), len(payload), raw_sum)
+        )
+        args = (piece, codec, self.options.zstd_level, self.options.checksum, head)
+        if len(piece) > _THREAD_ENCODE_BYTES:
+            frame, wire, spent = await asyncio.to_thread(_encode, *args)
+        else:
+            frame, wire, spent = _encode(*args)
+        if self.options.compression is Codec.AUTO and codec is not Codec.NONE:
+            self._auto.observe(codec, len(piece), spent)
+        raw_sum = int(head.checksum)
+        chunk = _Chunk(seq, frame, len(piece), wire, raw_sum)
         self._checksums.append(raw_sum)
         self.summary.codecs[codec.value] = self.summary.codecs.get(codec.value, 0) + 1
         async with self._cond:
@@ -457,11 +441,16 @@ class Transfer:
                 return
             try:
                 if resume:
-                    await self._begin(resume=True)
+                    await self._begin(resume=True, index=index)
                 await self._stream(index)
                 failures = 0
                 resume = False
-            except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError) as exc:
+            except (
+                grpc.aio.AioRpcError,
+                grpc.aio.UsageError,
+                asyncio.InvalidStateError,
+                _StreamStalled,
+            ) as exc:
                 if isinstance(exc, grpc.aio.AioRpcError):
                     with contextlib.suppress(TransferError):
                         self._handle_rpc_error(exc, "push")
@@ -469,6 +458,11 @@ class Transfer:
                 await self._notify()
                 if self._error is not None:
                     return
+                if isinstance(exc, _StreamStalled) or (
+                    isinstance(exc, grpc.aio.AioRpcError)
+                    and exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+                ):
+                    await self.link.reset(index)
                 resume = True
                 await asyncio.sleep(min(self._backoff(failures), max(self.remaining(), 0)))
                 failures += 1
@@ -487,18 +481,19 @@ class Transfer:
                 if chunk is None:
                     break
                 await self.link.bucket.take(chunk.wire)
+                if reader.done():  # the stream died while we waited: never sent on it
+                    await self._requeue(chunk, counts=False)
+                    break
+                try:
+                    await call.write(chunk.frame)
+                except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+                    await self._requeue(chunk, counts=True)
+                    break
                 if chunk.sends:
                     self.summary.retransmits += 1
                     self.summary.resent_bytes += chunk.raw
                     self.link.metrics.retransmits.labels(ROLE).inc()
                 chunk.sends += 1
-                if reader.done():
-                    break
-                try:
-                    await call.write(chunk.frame)
-                except (grpc.aio.UsageError, asyncio.InvalidStateError):
-                    await self._requeue(chunk, counts=True)
-                    break
                 self.summary.bytes_wire += chunk.wire
                 self.link.metrics.bytes_wire.labels(ROLE).inc(chunk.wire)
             if not reader.done():
@@ -516,40 +511,72 @@ class Transfer:
             # Wake the writer of this connection: it must notice the stream ended.
             await self._notify()
 
+    def _stall_timeout(self) -> float:
+        """How long a connection with chunks in flight may go without an ack before it is
+        declared dead (a black-holed path that TCP and HTTP/2 keepalive do not notice):
+        four chunks per connection at the link's rate, at least ``rpc_timeout_ms``. Before
+        the rate is known, only the deadline applies."""
+        rate = self.link.known_bytes_per_s()
+        if rate <= 0:
+            return max(self.remaining(), 0.05)
+        per_conn = 4 * self.options.chunk_size_bytes * len(self.link.channels) / rate
+        return max(self.options.rpc_timeout_ms / 1000, per_conn)
+
     async def _read_loop(self, call: Any, index: int) -> None:
-        while True:
-            ack = await call.read()
-            if ack is EOF:
-                # The server ends a stream only on error (raised above) or after we finished
-                # writing; anything still in flight on it goes around again.
-                await self._requeue_connection(index)
-                return
-            chunk = self._unacked.get(ack.seq)
-            if chunk is None:
-                continue
-            if ack.status == pb.ACK_OK:
-                async with self._cond:
-                    self._acked(chunk)
-                    self._cond.notify_all()
-                self.link.observe_acked(chunk.wire)
-                self.link.metrics.bytes_raw.labels(ROLE).inc(chunk.raw)
-                self.link.metrics.chunks.labels(ROLE).inc()
-            elif ack.status == pb.ACK_CORRUPT:
-                self.summary.checksum_failures += 1
-                self.link.metrics.checksum_failures.labels(ROLE).inc()
-                log.warning(
-                    "chunk_resend transfer_id=%s seq=%d detail=%s",
-                    self.header.transfer_id,
-                    ack.seq,
-                    ack.detail,
-                )
-                await self._requeue(chunk, counts=True)
-            else:  # BUSY: the receiver is over its memory budget; back off, not an attempt
-                self.summary.busy += 1
-                async with self._cond:
-                    self._inflight.pop(chunk.seq, None)
-                    self._cond.notify_all()
-                self._requeue_later(chunk, self._backoff(min(self.summary.busy, 4)))
+        # The server ends a stream only on error (raised by read) or after we finished
+        # writing; anything still in flight on it goes around again.
+        # One read kept pending across timeouts: cancelling a grpc.aio read cancels the RPC.
+        read = asyncio.ensure_future(call.read())
+        try:
+            while True:
+                done, _ = await asyncio.wait({read}, timeout=self._stall_timeout())
+                if not done:
+                    if any(c.conn == index for c in self._inflight.values()):
+                        log.warning(
+                            "stream_stalled transfer_id=%s connection=%d",
+                            self.header.transfer_id,
+                            index,
+                        )
+                        call.cancel()
+                        raise _StreamStalled(f"no ack on connection {index}")
+                    continue
+                ack = read.result()
+                if ack is EOF:
+                    await self._requeue_connection(index)
+                    return
+                read = asyncio.ensure_future(call.read())
+                await self._on_ack(ack)
+        finally:
+            if not read.done():
+                read.cancel()
+
+    async def _on_ack(self, ack: Any) -> None:
+        chunk = self._unacked.get(ack.seq)
+        if chunk is None:
+            return
+        if ack.status == pb.ACK_OK:
+            async with self._cond:
+                self._acked(chunk)
+                self._cond.notify_all()
+            self.link.observe_acked(chunk.wire)
+            self.link.metrics.bytes_raw.labels(ROLE).inc(chunk.raw)
+            self.link.metrics.chunks.labels(ROLE).inc()
+        elif ack.status == pb.ACK_CORRUPT:
+            self.summary.checksum_failures += 1
+            self.link.metrics.checksum_failures.labels(ROLE).inc()
+            log.warning(
+                "chunk_resend transfer_id=%s seq=%d detail=%s",
+                self.header.transfer_id,
+                ack.seq,
+                ack.detail,
+            )
+            await self._requeue(chunk, counts=True)
+        else:  # BUSY: the receiver is over its memory budget; back off, not an attempt
+            self.summary.busy += 1
+            async with self._cond:
+                self._inflight.pop(chunk.seq, None)
+                self._cond.notify_all()
+            self._requeue_later(chunk, self._backoff(min(self.summary.busy, 4)))
 
 
 @contextlib.asynccontextmanager

@@ -34,5 +34,11 @@ app.conf.update(
     enable_utc=True,
     beat_scheduler="django_celery_beat.schedulers:DatabaseScheduler",
     beat_schedule=queues.BEAT_SCHEDULE,
-    imports=["orchestrator.tasks.runs", "orchestrator.tasks.drills"],
+    imports=[
+        "orchestrator.tasks.runs",
+        "orchestrator.tasks.schedules",
+        "orchestrator.tasks.alerts",
+        "orchestrator.tasks.housekeeping",
+        "orchestrator.tasks.drills",
+    ],
 )

@@ -3,7 +3,7 @@ gateway's Prometheus page, the background load generator and its files.
 
 Called by ``orchestrator.workflows.drill`` steps inside a Celery worker. Every function is
 blocking. Agent calls raise ``grpc.aio.AioRpcError`` (refused or unreachable) or
-``DrillOpsError`` (missing controller TLS settings); a gateway that cannot be scraped raises
+``orchestrator.agentops.AgentOpsError`` (missing controller TLS settings); a gateway that cannot be scraped raises
 ``OSError`` / ``urllib.error.URLError``.
 
 Idempotency: fault injections carry a request id derived from the run and the fault's index, so
@@ -31,30 +31,9 @@ from typing import Any, TypeVar
 from django.conf import settings
 
 from agents.client import AgentClient
-from grpc_kv.tls import TLSConfig
+from orchestrator.agentops import controller_tls
 
 T = TypeVar("T")
-
-
-class DrillOpsError(RuntimeError):
-    """A setting needed for a drill is missing (the message names it)."""
-
-
-def controller_tls(server_name: str | None = None) -> TLSConfig:
-    """The orchestrator's TLS identity towards agents (settings ``PDBRIDGE_CONTROLLER_*``)."""
-    if settings.PDBRIDGE_CONTROLLER_INSECURE:
-        return TLSConfig(insecure=True)
-    for name in ("PDBRIDGE_CONTROLLER_TLS_CA", "PDBRIDGE_CONTROLLER_TLS_CERT"):
-        if not getattr(settings, name):
-            raise DrillOpsError(
-                f"{name}: required to call agents (or PDBRIDGE_CONTROLLER_INSECURE)"
-            )
-    return TLSConfig(
-        ca_file=settings.PDBRIDGE_CONTROLLER_TLS_CA,
-        cert_file=settings.PDBRIDGE_CONTROLLER_TLS_CERT,
-        key_file=settings.PDBRIDGE_CONTROLLER_TLS_KEY,
-        server_name=server_name,
-    )
 
 
 def _call(fault: dict[str, Any], fn: Callable[[AgentClient], Awaitable[T]]) -> T:

@@ -33,4 +33,11 @@ def route_task(
 # Periodic jobs (also editable in the admin through django-celery-beat).
 BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "resume-stalled-runs": {"task": "orchestrator.runs.resume_stalled", "schedule": 15.0},
+    # Liveness is judged from heartbeat ages, so the period only bounds detection latency.
+    "mark-missing-nodes": {"task": "orchestrator.inventory.mark_missing", "schedule": 10.0},
+    "prune-telemetry": {"task": "orchestrator.telemetry.prune_samples", "schedule": 3600.0},
+    "evaluate-alerts": {"task": "orchestrator.alerts.evaluate", "schedule": 60.0},
+    # Idempotent per schedule-local hour: a minute's period applies a new hour within a minute.
+    "apply-tidal": {"task": "orchestrator.schedules.apply_tidal", "schedule": 60.0},
+    "propose-rebalance": {"task": "orchestrator.schedules.propose_rebalance", "schedule": 3600.0},
 }

@@ -1,10 +1,35 @@
+"""Cross-cutting pages: the overview, the audit log, the security page, plus health, the
+console's own Prometheus metrics and plotly.js. Reads only; every page any role may read."""
+
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required
+from datetime import datetime, timedelta
+from functools import cache
+from pathlib import Path
+from typing import Any
+
 from django.db import connection
+from django.db.models import Count, Prefetch, Q, Sum, TextField
+from django.db.models.functions import Cast
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET
+
+from console.core.models import AuditLog
+from console.core.pages import page_view, paginate
+from console.core.panels import overview_panels
+from console.deployments.choices import DeploymentState
+from console.deployments.models import Deployment, Pool
+from console.inventory.choices import NodeStatus
+from console.inventory.models import Link, Node, Site
+from console.runs.models import WorkflowRun
+from console.telemetry import names
+from console.telemetry.selectors import latest_many
+
+CERT_WARN_DAYS = 14
+PATHS = ("remote", "local", "fallback")
 
 
 @require_GET
@@ -18,7 +43,171 @@ def healthz(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"status": "error", "database": type(exc).__name__}, status=503)
 
 
-@login_required
+@cache
+def _plotly_js() -> bytes:
+    import plotly
+
+    return (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_bytes()
+
+
+@require_GET
+def plotly_js(request: HttpRequest) -> HttpResponse:
+    """plotly.js from the installed plotly package, the one copy every chart page loads
+    (the console needs no CDN and keeps no second copy in its static files)."""
+    response = HttpResponse(_plotly_js(), content_type="application/javascript")
+    response["Cache-Control"] = "public, max-age=86400"
+    return response
+
+
+def path_mix(values: dict[str, float]) -> list[dict[str, Any]]:
+    """``{"remote": 3.0, "local": 1.0}`` -> shares per path for the path bar (empty if no
+    traffic was recorded)."""
+    total = sum(values.get(p, 0.0) for p in PATHS)
+    if total <= 0:
+        return []
+    return [
+        {
+            "path": p,
+            "share": values.get(p, 0.0) / total,
+            "percent": round(100 * values.get(p, 0.0) / total),
+        }
+        for p in PATHS
+    ]
+
+
+def _overview_sites() -> list[dict[str, Any]]:
+    sites = Site.objects.annotate(
+        n_online=Count("nodes", filter=Q(nodes__status=NodeStatus.ONLINE)),
+        n_degraded=Count("nodes", filter=Q(nodes__status=NodeStatus.DEGRADED)),
+        n_lost=Count("nodes", filter=Q(nodes__status=NodeStatus.LOST)),
+        n_unknown=Count("nodes", filter=Q(nodes__status=NodeStatus.UNKNOWN)),
+        n_nodes=Count("nodes"),
+        n_accelerators=Sum("nodes__accelerator_count"),
+    ).order_by("name")
+    return list(sites)
+
+
+@page_view
+@require_GET
 def overview(request: HttpRequest) -> HttpResponse:
-    """The landing page. The full overview (sites, links, deployments) is the console issue's."""
-    return render(request, "core/overview.html", {})
+    """Sites with node health, links with their latest measurements, deployments with their
+    path mix and kill switch, active runs. Bounded queries whatever the fleet size."""
+    since = timezone.now() - timedelta(hours=1)
+    links = list(Link.objects.select_related("from_site", "to_site"))
+    link_latest = latest_many(
+        subject_type="inventory.link",
+        subject_ids=[str(link.pk) for link in links],
+        names=[names.LINK_UTILIZATION],
+        since=since,
+    )
+    for link in links:
+        link.utilization = link_latest.get((str(link.pk), names.LINK_UTILIZATION, ""))
+    deployments = list(
+        Deployment.objects.exclude(state=DeploymentState.RETIRED)
+        .select_related("model")
+        .prefetch_related(Prefetch("pools", queryset=Pool.objects.select_related("site")))
+    )
+    dep_latest = latest_many(
+        subject_type="deployments.deployment",
+        subject_ids=[str(d.pk) for d in deployments],
+        names=[names.REQUESTS],
+        since=since,
+    )
+    for dep in deployments:
+        dep.mix = path_mix(
+            {p: dep_latest.get((str(dep.pk), names.REQUESTS, p), 0.0) for p in PATHS}
+        )
+    active = list(
+        WorkflowRun.objects.filter(state__in=["pending", "running"])
+        .prefetch_related("steps")
+        .order_by("-created_at")[:20]
+    )
+    context = {
+        "sites": _overview_sites(),
+        "links": links,
+        "deployments": deployments,
+        "active_runs": active,
+        "panels": overview_panels(request),
+    }
+    return render(request, "core/overview.html", context)
+
+
+@page_view
+@require_GET
+def audit_log(request: HttpRequest) -> HttpResponse:
+    """Every write, newest first; filter by object type, actor or verb."""
+    entries = AuditLog.objects.all()
+    filters = {
+        "object_type": request.GET.get("object_type", "").strip(),
+        "actor": request.GET.get("actor", "").strip(),
+        "verb": request.GET.get("verb", "").strip(),
+    }
+    if filters["object_type"]:
+        entries = entries.filter(object_type=filters["object_type"])
+    if filters["actor"]:
+        entries = entries.filter(actor_label=filters["actor"])
+    if filters["verb"]:
+        entries = entries.filter(verb=filters["verb"])
+    return render(
+        request,
+        "core/audit_log.html",
+        {"page": paginate(request, entries), "filters": filters},
+    )
+
+
+def _tls_status(node: Node, now: datetime) -> dict[str, Any]:
+    """What a node's heartbeat says about its TLS: ``capacity.tls`` = ``{"mtls": bool,
+    "cert_not_after": ISO time}`` when the agent reports it; otherwise unknown, with why."""
+    tls = (node.reported_capacity or {}).get("tls")
+    if node.last_heartbeat_at is None:
+        return {"state": "unknown", "why": "no heartbeat received yet"}
+    if not isinstance(tls, dict):
+        return {"state": "unknown", "why": "this agent's heartbeats do not report TLS"}
+    expiry = (
+        parse_datetime(str(tls.get("cert_not_after", ""))) if tls.get("cert_not_after") else None
+    )
+    days = (expiry - now).days if expiry is not None and expiry.tzinfo else None
+    if not tls.get("mtls"):
+        state = "fail"
+    elif days is None:
+        state = "unknown"
+    elif days < 0:
+        state = "expired"
+    elif days < CERT_WARN_DAYS:
+        state = "warning"
+    else:
+        state = "ok"
+    return {
+        "state": state,
+        "mtls": bool(tls.get("mtls")),
+        "expiry": expiry,
+        "days": days,
+        "why": "",
+    }
+
+
+@page_view
+@require_GET
+def security(request: HttpRequest) -> HttpResponse:
+    """mTLS and certificate expiry per agent (from heartbeats), node credentials, links, and
+    allowlist changes from the audit log."""
+    now = timezone.now()
+    nodes = list(Node.objects.select_related("site", "credential"))
+    rows = [{"node": node, "tls": _tls_status(node, now)} for node in nodes]
+    allowlist = AuditLog.objects.annotate(
+        before_text=Cast("before", TextField()), after_text=Cast("after", TextField())
+    ).filter(
+        Q(before_text__contains="allow_peers")
+        | Q(after_text__contains="allow_peers")
+        | Q(verb__icontains="allowlist")
+    )
+    return render(
+        request,
+        "core/security.html",
+        {
+            "rows": rows,
+            "links": Link.objects.select_related("from_site", "to_site"),
+            "allowlist": paginate(request, allowlist),
+            "warn_days": CERT_WARN_DAYS,
+        },
+    )

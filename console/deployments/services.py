@@ -100,15 +100,17 @@ def deployment_update(
     actor: Actor,
     deployment: Deployment,
     expected_version: int | None = None,
+    reason: str = "updated",
     **fields: Any,
 ) -> Deployment:
     """Change settings (or name, model, description). With ``expected_version`` the write is
     refused (409) unless the deployment is still at that version: two operators editing the
-    same deployment never overwrite each other silently."""
+    same deployment never overwrite each other silently. ``reason`` labels the snapshot
+    (automation names itself: ``tidal 14:00``)."""
     locked = _lock(deployment, expected_version)
     locked, changed = audited_update(actor=actor, instance=locked, fields=fields)
     if changed:
-        snapshot_write(actor=actor, deployment=locked, reason="updated")
+        snapshot_write(actor=actor, deployment=locked, reason=reason)
     return locked
 
 

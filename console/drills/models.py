@@ -107,6 +107,21 @@ class Drill(Timestamped):
         return self.name
 
 
+#: The measured figures of a report, as the workflow's ``report`` step hands them over.
+REPORT_FIGURES = (
+    "requests",
+    "total_requests",
+    "failed_requests",
+    "failures",
+    "ttft",
+    "time_to_detect_s",
+    "time_to_recover_s",
+    "breaker",
+    "verification",
+    "timeline",
+)
+
+
 class DrillReport(models.Model):
     """What one execution of a drill measured, and its verdict against the drill's criteria.
 

@@ -24,7 +24,7 @@ from console.deployments.choices import PoolRole
 from console.deployments.models import Deployment
 from console.drills.choices import STEPS, WORKFLOW, DrillKind, ReportState
 from console.drills.criteria import evaluate, merged_criteria, validate_criteria
-from console.drills.models import Drill, DrillReport
+from console.drills.models import REPORT_FIGURES, Drill, DrillReport
 from console.runs import services as run_services
 from console.runs.choices import RUN_TERMINAL
 from console.runs.models import WorkflowRun
@@ -291,18 +291,7 @@ def drill_report_complete(*, run_id: int, figures: dict[str, Any]) -> DrillRepor
     report = DrillReport.objects.select_for_update().get(run_id=run_id)
     run = WorkflowRun.objects.get(pk=run_id)
     results = evaluate(run.params["criteria"], figures)
-    for name in (
-        "requests",
-        "total_requests",
-        "failed_requests",
-        "failures",
-        "ttft",
-        "time_to_detect_s",
-        "time_to_recover_s",
-        "breaker",
-        "verification",
-        "timeline",
-    ):
+    for name in REPORT_FIGURES:
         setattr(report, name, figures[name])
     report.criteria_results = results
     report.state = ReportState.PASSED if all(r["passed"] for r in results) else ReportState.FAILED

@@ -26,6 +26,8 @@ from console.core.crud import Actor, audited_create, audited_delete, audited_upd
 from console.core.services import audit_record
 from console.inventory.choices import NodeStatus
 from console.inventory.models import Link, Node, NodeCredential, Site
+from console.telemetry import names
+from console.telemetry.services import samples_record_many
 
 logger = logging.getLogger(__name__)
 
@@ -217,6 +219,16 @@ def node_heartbeat(
     node.clock_skew_ms = skew_ms
     node.save()
     NodeCredential.objects.filter(node=node).update(last_used_at=now)
+    # One history row per beat for the node page's charts (pruned by retention).
+    samples_record_many(
+        subject=node,
+        values={
+            names.NODE_CLOCK_SKEW_MS: skew_ms,
+            names.NODE_CHILDREN_HEALTHY: sum(1 for c in children if c.get("healthy")),
+            names.NODE_CHILDREN_TOTAL: len(children),
+        },
+        at=now,
+    )
     if previous != NodeStatus.ONLINE:
         audit_record(
             actor=None,

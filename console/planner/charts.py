@@ -1,6 +1,6 @@
 """Plotly charts of a planner answer, as HTML fragments for the planner page. Pure (no Django):
 takes the dict ``model.evaluate`` returns. The page loads plotly.js once from
-``/planner/plotly.min.js`` (served from the plotly package: no CDN), so the fragments carry
+``/assets/plotly.min.js`` (served from the plotly package: no CDN), so the fragments carry
 no script library."""
 
 from __future__ import annotations

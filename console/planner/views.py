@@ -6,15 +6,13 @@ as an error on the page (status 400), never a 500."""
 from __future__ import annotations
 
 import json
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
-from django.views.decorators.http import require_GET, require_http_methods
+from django.views.decorators.http import require_http_methods
 
 from console.core.choices import Role
 from console.core.roles import user_has_role
@@ -81,18 +79,3 @@ def planner_page(request: HttpRequest) -> HttpResponse:
         "split_chart": split_chart(result) if result else "",
     }
     return render(request, "planner/planner.html", context, status=400 if error else 200)
-
-
-@cache
-def _plotly_js() -> bytes:
-    import plotly
-
-    return (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_bytes()
-
-
-@require_GET
-def plotly_js(request: HttpRequest) -> HttpResponse:
-    """plotly.js from the installed plotly package (the console needs no CDN)."""
-    response = HttpResponse(_plotly_js(), content_type="application/javascript")
-    response["Cache-Control"] = "public, max-age=86400"
-    return response

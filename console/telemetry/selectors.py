@@ -56,3 +56,54 @@ def summary(
     if until is not None:
         qs = qs.filter(at__lt=until)
     return qs.aggregate(count=Count("id"), min=Min("value"), max=Max("value"), mean=Avg("value"))
+
+
+def series_by_label(
+    *,
+    subject: models.Model,
+    names: list[str],
+    label: str | None = None,
+    since: datetime | None = None,
+    limit: int = 5000,
+) -> dict[tuple[str, str], list[tuple[datetime, float]]]:
+    """Several series of one subject in one query, keyed by ``(name, labels[label])``
+    (``label`` None: keyed by ``(name, "")``), each in time order, the most recent ``limit``
+    samples overall. For pages that draw a chart per metric and a line per path."""
+    subject_type, subject_id = subject_key(subject)
+    qs = MetricSample.objects.filter(
+        subject_type=subject_type, subject_id=subject_id, name__in=names
+    )
+    if since is not None:
+        qs = qs.filter(at__gte=since)
+    rows = list(qs.order_by("-at", "-id").values_list("name", "labels", "at", "value")[:limit])
+    grouped: dict[tuple[str, str], list[tuple[datetime, float]]] = {}
+    for name, labels, at, value in reversed(rows):
+        key = str((labels or {}).get(label, "")) if label else ""
+        grouped.setdefault((name, key), []).append((at, value))
+    return grouped
+
+
+def latest_many(
+    *,
+    subject_type: str,
+    subject_ids: list[str],
+    names: list[str],
+    since: datetime | None = None,
+) -> dict[tuple[str, str, str], float]:
+    """The latest value of each ``name`` (and each ``path`` label) for many subjects of one
+    type, in one query: ``(subject_id, name, path) -> value``. For overview cards."""
+    if not subject_ids:
+        return {}
+    rows = (
+        MetricSample.objects.filter(
+            subject_type=subject_type, subject_id__in=subject_ids, name__in=names
+        )
+        .filter(**({"at__gte": since} if since is not None else {}))
+        .order_by("subject_id", "name", "-at", "-id")
+        .values_list("subject_id", "name", "labels", "value")
+    )
+    found: dict[tuple[str, str, str], float] = {}
+    for subject_id, name, labels, value in rows:
+        key = (subject_id, name, str((labels or {}).get("path", "")))
+        found.setdefault(key, value)
+    return found

@@ -183,6 +183,7 @@ def share_step(ctx: StepContext) -> StepResult:
     if held:
         # Hold: the step's clock restarts when the hold ends.
         evidence.pop("started_at", None)
+        evidence.pop("start", None)
         evidence["held"] = held
         return Wait(recheck, evidence)
     now_scrape = _scrape_all(deployment)

@@ -160,6 +160,7 @@ def agent_config(tmp: Path, pki: Pki | None, **overrides: Any) -> dict[str, Any]
             "healthy": {"argv": [*HEALTHSERVER, "--tag", "{settings.tag}"]},
             "plain": {"argv": HEALTHSERVER},
             "slow": {"argv": [*HEALTHSERVER, "--start-delay", "30"]},
+            "unhurried": {"argv": [*HEALTHSERVER, "--start-delay", "1.5"]},
             "sickly": {"argv": [*HEALTHSERVER, "--unhealthy-after", "1"]},
             "stubborn": {"argv": [*HEALTHSERVER, "--ignore-term"]},
             "crasher": {"argv": [*HEALTHSERVER, "--exit-after", "0.6"]},

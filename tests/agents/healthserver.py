@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--grandchild", default="")
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--tag", default="")
-    parser.add_argument("--start-delay", type=float, default=0.0, help="seconds before listening")
+    parser.add_argument("--start-delay", type=float, default=0.0)
     parser.add_argument("--unhealthy-after", type=float, default=-1)
     args = parser.parse_args()
     if args.unhealthy_after >= 0:

@@ -10,7 +10,9 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -241,3 +243,35 @@ def test_process_limits_apply_to_children(
         line.startswith("Max open files") and line.split()[3:5] == ["321", "321"]
         for line in limits.splitlines()
     )
+
+
+def test_launches_of_different_children_run_side_by_side_up_to_max_children(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path
+) -> None:
+    agent = agent_factory(agent_config(tmp_path, None, supervision={"max_children": 2}))
+    api = stub(agent, None)
+
+    def launch(name: str) -> Any:
+        request = pb.LaunchRequest(
+            request_id=f"par-{name}", name=name, kind="decode-engine", engine="unhurried"
+        )
+        return api.Launch(request, timeout=T)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(launch, ["a", "b"]))
+    assert [r.child.state for r in results] == ["running", "running"]
+    events = [
+        json.loads(line) for line in agent.log_path.read_text().splitlines() if line.startswith("{")
+    ]
+    order = [
+        e["event"]
+        for e in events
+        if e["event"] in {"agent.child_spawned", "agent.child_state"}
+        and e.get("to", "running") == "running"
+    ]
+    # Both children were spawned before either became healthy: no launch waited for the other.
+    assert order[:2] == ["agent.child_spawned", "agent.child_spawned"]
+    with pytest.raises(grpc.RpcError) as err:
+        launch("c")
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert err.value.details() == "name: supervision.max_children (2) reached"

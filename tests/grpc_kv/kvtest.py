@@ -1,13 +1,15 @@
 """Helpers of the KV-link tests (not fixtures): headers, tensors, a raw gRPC client that
 sends hand-made frames, a receiver context.
 
-Tests are plain functions that run one asyncio scenario with ``asyncio.run``: each has its
-own loop and its own real gRPC servers on loopback, and nothing leaks between tests.
+Tests are plain functions that run one asyncio scenario with ``run`` (one event loop per
+session, see there) with their own real gRPC servers on loopback.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gc
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -140,3 +142,40 @@ def chunk_frame(
             payload=data if payload is None else payload,
         ).SerializeToString()
     )
+
+
+def run(coro: Any, timeout: float = 60.0) -> Any:
+    """asyncio.run with a hard limit: a hang becomes a failure that shows every task's
+    stack (instead of a silent stall until pytest-timeout)."""
+
+    async def guarded() -> Any:
+        task = asyncio.ensure_future(coro)
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if not done:
+            lines = []
+            for other in asyncio.all_tasks():
+                if other is not asyncio.current_task():
+                    lines.append(repr(other)[:200])
+                    lines += [
+                        f"    {f.f_code.co_filename}:{f.f_lineno} {f.f_code.co_name}"
+                        for f in other.get_stack(limit=8)
+                    ]
+            task.cancel()
+            raise AssertionError(f"scenario hung for {timeout} s; tasks:\n" + "\n".join(lines))
+        try:
+            return task.result()
+        finally:
+            # grpc.aio objects caught in reference cycles (exceptions -> tracebacks -> calls)
+            # must be freed while their loop is alive: freed later, grpc crashes the process.
+            del task
+            gc.collect()
+
+    global _LOOP
+    if _LOOP is None or _LOOP.is_closed():
+        _LOOP = asyncio.new_event_loop()
+    return _LOOP.run_until_complete(guarded())
+
+
+# One event loop for every scenario of the session: grpc.aio keeps per-process state bound
+# to the loop it first ran on, and switching loops between tests crashed the interpreter.
+_LOOP: asyncio.AbstractEventLoop | None = None

@@ -7,7 +7,7 @@ import pytest
 import zstandard
 
 from grpc_kv.api import LinkOptions, ReceiverOptions, open_transfer
-from tests.grpc_kv.kvtest import INSECURE, RawClient, chunk_frame, make_header, receiver
+from tests.grpc_kv.kvtest import INSECURE, RawClient, chunk_frame, make_header, receiver, run
 
 BOMB = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(256 << 20))
 
@@ -50,7 +50,7 @@ def test_bad_frame_is_invalid_argument_and_others_still_transfer(kind):
             invalid = server.metrics.value("pdbridge_kv_invalid_frames_total", role="receiver")
             return err.value, data, invalid
 
-    err, data, invalid = asyncio.run(scenario())
+    err, data, invalid = run(scenario())
 
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert data == b"fine" * 1000
@@ -66,7 +66,7 @@ def test_chunk_for_a_transfer_never_begun_is_not_found():
             await raw.close()
             return err.value.code()
 
-    assert asyncio.run(scenario()) == grpc.StatusCode.NOT_FOUND
+    assert run(scenario()) == grpc.StatusCode.NOT_FOUND
 
 
 def test_corrupt_chunk_is_answered_resend_and_never_delivered():
@@ -86,7 +86,7 @@ def test_corrupt_chunk_is_answered_resend_and_never_delivered():
             await raw.close()
             return acks, failures, server.memory_in_use
 
-    acks, failures, memory = asyncio.run(scenario())
+    acks, failures, memory = run(scenario())
 
     assert [a.status for a in acks] == [1, 0]  # ACK_CORRUPT, then ACK_OK
     assert failures == 1

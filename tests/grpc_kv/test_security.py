@@ -1,6 +1,5 @@
 """mTLS on the KV link: who gets in, who is refused, and certificate reload."""
 
-import asyncio
 import shutil
 
 import grpc
@@ -14,7 +13,7 @@ from grpc_kv.api import (
     create_node_cert,
     open_transfer,
 )
-from tests.grpc_kv.kvtest import make_header, receiver
+from tests.grpc_kv.kvtest import make_header, receiver, run
 
 FAST_FAIL = LinkOptions(timeout_ms=1500, rpc_timeout_ms=500)
 
@@ -38,7 +37,7 @@ def test_mutual_tls_with_an_allowed_peer_transfers(pki):
         async with receiver(tls=server_tls) as (_server, target):
             return await send_one(target, tls_for(pki, "site-a", server_name="site-b"))
 
-    assert asyncio.run(scenario()).bytes_raw == 900
+    assert run(scenario()).bytes_raw == 900
 
 
 def test_peer_not_on_the_allowlist_is_refused_and_counted(pki):
@@ -52,7 +51,7 @@ def test_peer_not_on_the_allowlist_is_refused_and_counted(pki):
             )
             return err.value.code, rejected
 
-    code, rejected = asyncio.run(scenario())
+    code, rejected = run(scenario())
 
     assert code == grpc.StatusCode.PERMISSION_DENIED
     assert rejected == 1
@@ -72,7 +71,7 @@ def test_client_without_a_certificate_is_refused(pki):
             await channel.close(None)
             return err.value.code()
 
-    assert asyncio.run(scenario()) == grpc.StatusCode.UNAVAILABLE
+    assert run(scenario()) == grpc.StatusCode.UNAVAILABLE
 
 
 @pytest.mark.parametrize("client", ["foreign-ca", "plaintext"])
@@ -88,7 +87,7 @@ def test_client_from_another_ca_or_in_plaintext_cannot_transfer(pki, client):
                 await send_one(target, tls)
             return server.metrics.value("pdbridge_kv_bytes_raw_total", role="receiver")
 
-    assert asyncio.run(scenario()) == 0
+    assert run(scenario()) == 0
 
 
 def test_server_certificate_is_reloaded_without_restart(pki, tmp_path):
@@ -105,7 +104,7 @@ def test_server_certificate_is_reloaded_without_restart(pki, tmp_path):
             create_node_cert(pki["ca"], tmp_path, "site-b", sans=["renamed-b"])
             return await send_one(target, renamed_client, LinkOptions(timeout_ms=5000))
 
-    assert asyncio.run(scenario()).bytes_raw == 900
+    assert run(scenario()).bytes_raw == 900
 
 
 def test_config_errors_name_the_field(tmp_path):

@@ -25,6 +25,7 @@ from tests.grpc_kv.kvtest import (
     chunk_frame,
     make_header,
     receiver,
+    run,
     tensor_bytes,
 )
 
@@ -69,7 +70,7 @@ def test_tensors_round_trip_exactly_under_every_codec(compression):
             got_header, segments = await consumer
             return got_header, segments, summary, server.memory_in_use
 
-    got_header, segments, summary, memory = asyncio.run(scenario())
+    got_header, segments, summary, memory = run(scenario())
 
     assert layers_of(segments) == tensors
     assert got_header.fingerprint == FP
@@ -106,7 +107,7 @@ def test_layers_reach_the_consumer_while_the_producer_is_still_sending():
                 await tx.finish()
             return await consumer
 
-    segments = asyncio.run(scenario())
+    segments = run(scenario())
 
     assert layers_of(segments) == {"l0": first, "l1": second}
 
@@ -126,7 +127,7 @@ def test_send_layer_rejects_gaps_unknown_layers_and_data_after_final():
                     await tx.send_layer("l0", b"x")
                 await tx.cancel("test done")
 
-    asyncio.run(scenario())
+    run(scenario())
 
 
 def test_fingerprint_mismatch_is_refused_before_any_data():
@@ -148,7 +149,7 @@ def test_fingerprint_mismatch_is_refused_before_any_data():
                 server.memory_in_use,
             )
 
-    code, received, memory = asyncio.run(scenario())
+    code, received, memory = run(scenario())
 
     assert code == grpc.StatusCode.FAILED_PRECONDITION
     assert received == 0
@@ -164,7 +165,7 @@ def test_receiver_serving_one_model_refuses_another():
                 ):
                     pass
 
-    asyncio.run(scenario())
+    run(scenario())
 
 
 def test_consumer_opening_late_with_wrong_expectation_gets_a_mismatch():
@@ -178,7 +179,7 @@ def test_consumer_opening_late_with_wrong_expectation_gets_a_mismatch():
                 await server.open(header.transfer_id, 2.0, expect_fingerprint=OTHER_FP)
             return server.memory_in_use
 
-    assert asyncio.run(scenario()) == 0
+    assert run(scenario()) == 0
 
 
 def test_transfer_id_reused_after_completion_is_refused():
@@ -195,7 +196,7 @@ def test_transfer_id_reused_after_completion_is_refused():
                     pass
             return second.value.code
 
-    assert asyncio.run(scenario()) == grpc.StatusCode.ALREADY_EXISTS
+    assert run(scenario()) == grpc.StatusCode.ALREADY_EXISTS
 
 
 def test_transfer_id_in_use_by_another_sender_is_refused():
@@ -210,7 +211,7 @@ def test_transfer_id_in_use_by_another_sender_is_refused():
             await raw.close()
             return err.value.code(), resumed.resumed
 
-    code, resumed = asyncio.run(scenario())
+    code, resumed = run(scenario())
 
     assert code == grpc.StatusCode.ALREADY_EXISTS
     assert resumed is True
@@ -238,7 +239,7 @@ def test_duplicate_and_reordered_chunks_are_idempotent():
             await raw.close()
             return acks, finish, segments
 
-    acks, finish, segments = asyncio.run(scenario())
+    acks, finish, segments = run(scenario())
 
     assert [a.status for a in acks] == [0] * 8
     assert [a.contiguous for a in acks] == [0, 0, 0, 2, 2, 2, 5, 5]
@@ -258,7 +259,7 @@ def test_finish_with_missing_chunks_reports_them():
             await raw.close()
             return reply
 
-    reply = asyncio.run(scenario())
+    reply = run(scenario())
 
     assert not reply.ok
     assert list(reply.missing) == [1, 2]
@@ -273,7 +274,7 @@ def test_protocol_version_mismatch_is_refused_with_a_clear_error():
             await raw.close()
             return err.value
 
-    err = asyncio.run(scenario())
+    err = run(scenario())
 
     assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "pdbridge.kv.v2" in err.details()
@@ -308,7 +309,7 @@ def test_memory_budget_makes_the_sender_back_off_until_the_consumer_drains():
                 summary = await tx.finish()
             return await consumer, summary, peak
 
-    got, summary, peak = asyncio.run(scenario())
+    got, summary, peak = run(scenario())
 
     assert got == payload
     assert summary.busy > 0
@@ -329,7 +330,7 @@ def test_incomplete_transfer_expires_after_ttl_and_frees_memory():
             await raw.close()
             return held, server.memory_in_use, server.active_transfers
 
-    held, after, active = asyncio.run(scenario())
+    held, after, active = run(scenario())
 
     assert held == 5000
     assert after == 0
@@ -344,7 +345,7 @@ def test_consumer_deadline_without_a_sender_fails_cleanly():
                 await server.open("never-sent", 0.3)
             return time.monotonic() - start, server.active_transfers
 
-    elapsed, active = asyncio.run(scenario())
+    elapsed, active = run(scenario())
 
     assert elapsed < 2.0
     assert active == 0

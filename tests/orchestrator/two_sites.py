@@ -26,23 +26,15 @@ from agents.gateway.config import GatewaySettings
 from grpc_kv.tls import TLSConfig
 from tests.agents.conftest import AgentProc, agent_config, start_agent
 from tests.agents.engines.conftest import EngineProc, start_engine
-from tests.agents.gateway.harness import FAST, serving
+from tests.agents.gateway.harness import serving
 from tests.agents.gateway.netns import RemoteSite, remote_site
 from tests.agents.gateway.snapshots import snapshot
+from tests.agents.gateway.test_engines import SETTINGS
 from tests.support import subprocess_env
 
 MODEL = "qwen3-next"
 PREFILL_CHILD = "drill-prefill"
-GATEWAY_SETTINGS = replace(
-    FAST,
-    chars_per_token=1.0,  # the reference engine's byte tokenizer: one token per byte
-    prefill_timeout_s=1.5,
-    connect_timeout_s=0.5,
-    breaker_consecutive_failures=2,
-    breaker_ejection_base_s=0.5,
-    breaker_ejection_cap_s=2.0,
-    breaker_close_after_successes=1,
-)
+GATEWAY_SETTINGS = replace(SETTINGS, prefill_timeout_s=1.5, connect_timeout_s=0.5)
 SUPERVISION = {"readiness_timeout_s": 150, "backoff_initial_s": 0.2, "backoff_max_s": 1}
 
 

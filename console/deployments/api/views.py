@@ -217,20 +217,18 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
     @action(detail=True, methods=["post"])
     def deploy(self, request: Request, pk: str | None = None) -> Response:
         """Start the eight-step deployment workflow (409 while one runs)."""
-        data = WorkflowStartSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        run = flows.deployment_deploy(
-            actor=request.user, deployment=self.get_object(), params=data.validated_data["params"]
-        )
-        return Response(WorkflowRunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
+        return self._start(request, flows.deployment_deploy)
 
     @extend_schema(request=WorkflowStartSerializer, responses={202: WorkflowRunSerializer})
     @action(detail=True, methods=["post"])
     def canary(self, request: Request, pk: str | None = None) -> Response:
         """Start a canary that follows the deployment's rollout plan (409 while one runs)."""
+        return self._start(request, flows.canary_start)
+
+    def _start(self, request: Request, service: Any) -> Response:
         data = WorkflowStartSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        run = flows.canary_start(
+        run = service(
             actor=request.user, deployment=self.get_object(), params=data.validated_data["params"]
         )
         return Response(WorkflowRunSerializer(run).data, status=status.HTTP_202_ACCEPTED)

@@ -4,7 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from console.drills.models import Drill, DrillReport
+from console.drills.models import REPORT_FIGURES, Drill, DrillReport
 
 
 class DrillSerializer(serializers.ModelSerializer):
@@ -60,17 +60,8 @@ class DrillReportSerializer(serializers.ModelSerializer):
             "kind",
             "state",
             "trigger",
-            "total_requests",
-            "failed_requests",
-            "requests",
-            "failures",
-            "ttft",
-            "time_to_detect_s",
-            "time_to_recover_s",
-            "breaker",
-            "verification",
+            *REPORT_FIGURES,
             "criteria_results",
-            "timeline",
             "error",
             "created_at",
             "finished_at",

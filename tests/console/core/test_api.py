@@ -171,4 +171,4 @@ def test_overview_requires_login_then_renders(client, make_user):
     response = client.get("/")
 
     assert response.status_code == 200
-    assert b"pdbridge console" in response.content
+    assert b"<h1>Overview</h1>" in response.content

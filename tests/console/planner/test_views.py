@@ -40,7 +40,7 @@ def test_page_shows_the_case_study_verdict_optimum_and_charts(logged_in):
     assert "3.247 req/s" in html
     assert "2.110 req/s" in html  # homogeneous baseline
     assert html.count("plotly-graph-div") == 2
-    assert "/planner/plotly.min.js" in html
+    assert "/assets/plotly.min.js" in html
 
 
 def test_posted_scenario_is_evaluated(logged_in):
@@ -85,7 +85,7 @@ def test_saved_scenario_and_unknown_preset(logged_in, api_as):
 
 
 def test_plotly_js_is_served_locally(client):
-    response = client.get("/planner/plotly.min.js")
+    response = client.get("/assets/plotly.min.js")
 
     assert response.status_code == 200
     assert response["Content-Type"] == "application/javascript"

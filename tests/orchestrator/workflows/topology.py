@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import ssl
 import subprocess
@@ -29,7 +30,7 @@ from typing import Any
 from agents.engines.verify import make_prompt
 from grpc_kv.api import create_ca, create_node_cert
 from tests.agents.conftest import AgentProc, free_port, start_agent
-from tests.support import subprocess_env
+from tests.support import subprocess_env, unavailable
 
 MODEL = "qwen3-next"
 SERVED = "tiny"
@@ -260,3 +261,57 @@ def set_env(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+class RedisServer:
+    """A Redis server of the test's own (never the machine's shared one), restartable on the
+    same port; no persistence, so a restart loses every queued message, as a crash would."""
+
+    def __init__(self, tmp: Path) -> None:
+        if shutil.which("redis-server") is None:
+            unavailable("redis-server is not installed (the test restarts a Redis of its own)")
+        self.port, self.tmp = pinned_port(), tmp
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.tmp)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while True:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+def start_beat(tmp: Path, broker_url: str, database_url: str) -> subprocess.Popen[bytes]:
+    """``celery beat`` with the database scheduler (it sends resume_stalled every 15 s)."""
+    env = subprocess_env(
+        DJANGO_SETTINGS_MODULE="console.settings",
+        PDBRIDGE_ENV="test",
+        DATABASE_URL=database_url,
+        CELERY_BROKER_URL=broker_url,
+        PDBRIDGE_VAR_DIR=str(tmp / "var"),
+    )
+    with (tmp / "beat.log").open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "orchestrator.celery", "beat", "-l", "INFO",
+             "-s", str(tmp / "beat-schedule")],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip

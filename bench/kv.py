@@ -1,0 +1,383 @@
+"""KV-link benchmark (``make bench-kv``, ``python -m bench.kv``): the issue's targets, side by
+side in one run, JSON to ``var/bench/kv.json``.
+
+* Shaped links (two network namespaces, veth, ``tc tbf``) at 200 Mbit/s and 1 Gbit/s:
+  goodput with compression off (target >= 0.93 x the shaped rate) and the effective raw
+  rate with ``auto`` on bf16 values drawn from a normal distribution (target >= 1.25 x at
+  200 Mbit/s). ``auto`` is given the link rate measured by ``probe``, as deployment step 2
+  does. Needs root; skipped (and said so in the JSON) without it.
+* Unshaped loopback, 1 GiB: KV-link goodput vs a plain TCP socket moving the same bytes,
+  with 1 and 4 connections (target >= 0.8 x).
+* Time to the first verified layer at a consumer (local socket of the receiver sidecar) of a
+  64 MiB transfer on the 1 Gbit/s link; receiver memory peak for 8 concurrent 64 MiB
+  transfers (bytes held, sampled, and the process's peak RSS growth).
+
+``python -m bench.kv sender ...`` is the sending side it runs inside a namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import resource
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from grpc_kv.api import (
+    Fingerprint,
+    LayerSpec,
+    LinkOptions,
+    ReceiverOptions,
+    ReceiverServer,
+    TLSConfig,
+    TransferHeader,
+    consume,
+    open_transfer,
+)
+
+FP = Fingerprint("bench" * 8, "bench")
+INSECURE = TLSConfig(insecure=True)
+MIB = 1 << 20
+
+
+def bf16_normal(nbytes: int, seed: int = 0) -> bytes:
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal(nbytes // 2, dtype=np.float32)
+    return (values.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+
+
+def payload(kind: str, nbytes: int) -> bytes:
+    return bf16_normal(nbytes) if kind == "bf16" else os.urandom(nbytes)
+
+
+# -- sending side (also run as a child process inside a namespace) -----------------------
+async def send(
+    target: str,
+    total: int,
+    layers: int,
+    options: LinkOptions,
+    data_kind: str,
+    discard: bool,
+    transfer_id: str | None = None,
+) -> dict[str, Any]:
+    per_layer = total // layers
+    data = payload(data_kind, per_layer)  # every layer carries the same bytes
+    header = TransferHeader(
+        transfer_id=transfer_id or f"bench-{uuid.uuid4().hex[:10]}",
+        fingerprint=FP,
+        layers=tuple(LayerSpec(f"layer{i}", length=per_layer) for i in range(layers)),
+        attrs={"pdbridge.loopback": "discard"} if discard else {},
+    )
+    opened = time.time()
+    async with open_transfer(target, header, options, INSECURE) as tx:
+        for i in range(layers):
+            await tx.send_layer(f"layer{i}", data)
+        summary = await tx.finish()
+    return {
+        "opened_at": opened,
+        "bytes_raw": summary.bytes_raw,
+        "bytes_wire": summary.bytes_wire,
+        "seconds": summary.seconds,
+        "goodput_mbit_s": summary.goodput_mbit_s,
+        "codecs": summary.codecs,
+        "retransmits": summary.retransmits,
+    }
+
+
+def sender_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="bench.kv sender")
+    parser.add_argument("--to", required=True)
+    parser.add_argument("--mb", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--chunk-mb", type=float, default=4)
+    parser.add_argument("--compression", default="none")
+    parser.add_argument("--connections", type=int, default=2)
+    parser.add_argument("--link-rate-mbit", type=float, default=0.0)
+    parser.add_argument("--data", default="bf16")
+    parser.add_argument("--keep", action="store_true", help="a consumer reads it (no discard)")
+    parser.add_argument("--transfer-id")
+    args = parser.parse_args(argv)
+    options = LinkOptions(
+        chunk_size_bytes=int(args.chunk_mb * MIB),
+        compression=args.compression,
+        connections=args.connections,
+        link_rate_bps=args.link_rate_mbit * 1e6,
+        utilisation_ceiling=1.0,
+        timeout_ms=600_000,
+    )
+    result = asyncio.run(
+        send(
+            args.to, args.mb * MIB, args.layers, options, args.data, not args.keep, args.transfer_id
+        )
+    )
+    print(json.dumps(result))
+    return 0
+
+
+# -- shaped links ------------------------------------------------------------------------
+def kv_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pdbridge.cli", "kv", *args]
+
+
+def shaped(results: dict[str, Any], quick: bool) -> None:
+    from tests.netns import two_sites
+
+    size_mb = {200: 48 if quick else 128, 1000: 128 if quick else 384}
+    with two_sites() as net:
+        socket_path = Path(f"/tmp/pdbridge-bench-{uuid.uuid4().hex[:8]}.sock")
+        server = net.popen(
+            net.site_b,
+            kv_cmd(
+                "serve", "--bind", f"{net.ip_b}:0", "--insecure", "--local-socket", str(socket_path)
+            ),
+        )
+        assert server.stdout is not None
+        target = f"{net.ip_b}:{json.loads(server.stdout.readline())['port']}"
+        for rate in (200, 1000):
+            net.shape(rate)
+            probed = json.loads(
+                net.run(
+                    net.site_a,
+                    kv_cmd("probe", "--to", target, "--insecure", "--json", "--seconds", "2"),
+                ).stdout
+            )
+            row: dict[str, Any] = {"shaped_mbit_s": rate, "probe": probed}
+            for compression in ("none", "auto"):
+                out = net.run(
+                    net.site_a,
+                    [sys.executable, "-m", "bench.kv", "sender", "--to", target,
+                     "--mb", str(size_mb[rate]), "--compression", compression,
+                     "--link-rate-mbit", str(probed["mbit_s"]), "--data", "bf16"],
+                    timeout=600,
+                )  # fmt: skip
+                if out.returncode != 0:
+                    row[compression] = {"error": out.stderr[-2000:]}
+                    continue
+                sent = json.loads(out.stdout)
+                sent["ratio_to_shaped_rate"] = round(sent["goodput_mbit_s"] / rate, 3)
+                row[compression] = sent
+            results[f"shaped_{rate}mbit"] = row
+        results["first_layer_1gbit"] = first_layer(net, target, socket_path)
+
+
+def first_layer(net: Any, target: str, socket_path: Path) -> dict[str, Any]:
+    """64 MiB in 32 layers over the 1 Gbit/s link; consumer on the sidecar's local socket."""
+    transfer_id = f"ttfl-{uuid.uuid4().hex[:8]}"
+
+    async def consumer() -> dict[str, Any]:
+        async with consume(socket_path, transfer_id, 120.0, FP) as reader:
+            first = None
+            n = 0
+            async for segment in reader:
+                n += len(segment.data)
+                if first is None and segment.final:
+                    first = time.time()
+            return {"first_layer_at": first, "done_at": time.time(), "bytes": n}
+
+    async def run() -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+        task = asyncio.create_task(consumer())
+        await asyncio.sleep(0.3)
+        proc = await asyncio.to_thread(
+            net.run,
+            net.site_a,
+            [sys.executable, "-m", "bench.kv", "sender", "--to", target, "--mb", "64",
+             "--layers", "32", "--chunk-mb", "1", "--compression", "none", "--keep",
+             "--transfer-id", transfer_id, "--data", "random"],
+        )  # fmt: skip
+        return await task, proc
+
+    got, proc = asyncio.run(run())
+    if proc.returncode != 0:
+        return {"error": proc.stderr[-2000:]}
+    sent = json.loads(proc.stdout)
+    return {
+        "bytes": got["bytes"],
+        "layers": 32,
+        "time_to_first_verified_layer_ms": round(
+            (got["first_layer_at"] - sent["opened_at"]) * 1000, 1
+        ),
+        "time_to_last_byte_ms": round((got["done_at"] - sent["opened_at"]) * 1000, 1),
+    }
+
+
+# -- unshaped loopback -------------------------------------------------------------------
+def tcp_baseline(total: int, connections: int) -> float:
+    """MB/s of plain TCP sockets over loopback: a sink thread per connection (here a child
+    process, like the KV receiver) and ``connections`` sending threads."""
+    sink = subprocess.Popen(
+        [sys.executable, "-c", SINK, str(connections)], stdout=subprocess.PIPE, text=True
+    )
+    assert sink.stdout is not None
+    port = int(sink.stdout.readline())
+    block = os.urandom(4 * MIB)
+    per = total // connections
+
+    def push() -> None:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sent = 0
+            while sent < per:
+                sock.sendall(block)
+                sent += len(block)
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=push) for _ in range(connections)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    sink.wait(timeout=60)
+    return total / (time.perf_counter() - start) / 1e6
+
+
+SINK = """
+import socket, sys, threading
+n = int(sys.argv[1])
+srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(n)
+print(srv.getsockname()[1], flush=True)
+def drain(c):
+    while c.recv_into(buf := bytearray(4 << 20)):
+        pass
+threads = []
+for _ in range(n):
+    c, _ = srv.accept(); t = threading.Thread(target=drain, args=(c,)); t.start(); threads.append(t)
+for t in threads: t.join()
+"""
+
+
+def loopback(results: dict[str, Any], quick: bool) -> None:
+    total = (256 if quick else 1024) * MIB
+    server = subprocess.Popen(
+        kv_cmd("serve", "--bind", "127.0.0.1:0", "--insecure"), stdout=subprocess.PIPE, text=True
+    )
+    assert server.stdout is not None
+    target = f"127.0.0.1:{json.loads(server.stdout.readline())['port']}"
+    rows = {}
+    try:
+        for connections in (1, 4):
+            tcp = tcp_baseline(total, connections)
+            options = LinkOptions(
+                chunk_size_bytes=4 * MIB,
+                compression="none",
+                connections=connections,
+                window=max(8, 2 * connections),
+                timeout_ms=600_000,
+            )
+            sent = asyncio.run(send(target, total, 16, options, "random", discard=True))
+            kv_mb_s = sent["bytes_raw"] / sent["seconds"] / 1e6
+            rows[f"{connections}_connections"] = {
+                "bytes": total,
+                "tcp_mb_s": round(tcp, 1),
+                "kv_mb_s": round(kv_mb_s, 1),
+                "ratio": round(kv_mb_s / tcp, 3),
+            }
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+    results["loopback_unshaped"] = rows
+
+
+def concurrent_memory(results: dict[str, Any]) -> None:
+    """8 concurrent 64 MiB transfers into one in-process receiver with consumers."""
+
+    async def scenario() -> dict[str, Any]:
+        server = ReceiverServer("127.0.0.1:0", ReceiverOptions(), INSECURE)
+        target = f"127.0.0.1:{await server.start()}"
+        peak = 0
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+        async def sample() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, server.memory_in_use)
+                await asyncio.sleep(0.005)
+
+        async def one(i: int) -> int:
+            tid = f"mem-{i}-{uuid.uuid4().hex[:6]}"
+
+            async def read() -> int:
+                async with await server.open(tid, 120.0) as reader:
+                    return sum([len(s.data) async for s in reader])
+
+            reader = asyncio.create_task(read())
+            options = LinkOptions(chunk_size_bytes=4 * MIB, compression="none", timeout_ms=600_000)
+            await send(target, 64 * MIB, 16, options, "random", discard=False, transfer_id=tid)
+            return await reader
+
+        sampler = asyncio.create_task(sample())
+        start = time.perf_counter()
+        got = await asyncio.gather(*(one(i) for i in range(8)))
+        seconds = time.perf_counter() - start
+        sampler.cancel()
+        await server.stop(1)
+        return {
+            "transfers": 8,
+            "bytes_each": 64 * MIB,
+            "all_verified": all(n == 64 * MIB for n in got),
+            "receiver_peak_held_mib": round(peak / MIB, 1),
+            "memory_budget_mib": ReceiverOptions().memory_budget_bytes // MIB,
+            "process_peak_rss_growth_mib": round(
+                (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024, 1
+            ),
+            "seconds": round(seconds, 2),
+        }
+
+    results["concurrent_8x64mib"] = asyncio.run(scenario())
+
+
+def verdicts(results: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for rate in (200, 1000):
+        row = results.get(f"shaped_{rate}mbit", {})
+        if "none" in row and "ratio_to_shaped_rate" in row["none"]:
+            out[f"goodput_{rate}mbit_none >= 0.93"] = row["none"]["ratio_to_shaped_rate"] >= 0.93
+    auto = results.get("shaped_200mbit", {}).get("auto", {})
+    if "ratio_to_shaped_rate" in auto:
+        out["effective_200mbit_auto >= 1.25"] = auto["ratio_to_shaped_rate"] >= 1.25
+    for name, row in results.get("loopback_unshaped", {}).items():
+        out[f"loopback_{name} >= 0.8 x tcp"] = row["ratio"] >= 0.8
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "sender":
+        return sender_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="bench.kv")
+    parser.add_argument("--quick", action="store_true", help="smaller transfers")
+    parser.add_argument("--out", type=Path, default=Path("var/bench/kv.json"))
+    parser.add_argument("--skip", action="append", default=[], help="shaped|loopback|memory")
+    args = parser.parse_args(argv)
+    results: dict[str, Any] = {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if "shaped" not in args.skip:
+        if os.geteuid() == 0:
+            shaped(results, args.quick)
+        else:
+            results["shaped"] = "skipped: needs root for network namespaces"
+    if "loopback" not in args.skip:
+        loopback(results, args.quick)
+    if "memory" not in args.skip:
+        concurrent_memory(results)
+    results["verdicts"] = verdicts(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

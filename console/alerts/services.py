@@ -1,0 +1,334 @@
+"""Alert writes: rules and channels (API / admin), the periodic evaluation (beat task
+``orchestrator.alerts.evaluate``) and notification delivery.
+
+Evaluation (``alerts_evaluate``) runs in one transaction: for every enabled rule it aggregates
+each subject's samples over the rule's window, opens an alert for a new breach, refreshes a
+firing one (never a second row: deduplication) and resolves one whose condition stopped
+holding. A subject with no samples in the window keeps its alert as it is (silence is not
+recovery). Notifications are sent after the commit, outside the transaction: a webhook is a
+blocking HTTP POST with a timeout, e-mail goes through Django's mail backend; each delivery,
+good or failed, is recorded on the alert. A failed delivery never fails the evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import urllib.error
+import urllib.request
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.mail import send_mail
+from django.core.validators import URLValidator, validate_email
+from django.db import transaction
+from django.db.models import Avg, Max, Min
+from django.utils import timezone
+
+from console.alerts.choices import (
+    LEVEL_RANK,
+    Aggregate,
+    AlertLevel,
+    AlertState,
+    ChannelKind,
+    Comparison,
+)
+from console.alerts.defaults import DEFAULT_RULES
+from console.alerts.models import Alert, AlertRule, NotificationChannel
+from console.core.crud import Actor, audited_create, audited_delete, audited_update
+from console.telemetry.models import MetricSample
+
+logger = logging.getLogger(__name__)
+
+METRIC_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")  # Prometheus metric name
+WEBHOOK_TIMEOUT_S = 5.0
+
+
+# --- rules and channels ---------------------------------------------------------------------
+
+
+def _rule_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    if "metric" in fields and not METRIC_RE.match(str(fields["metric"])):
+        raise ValidationError(
+            {"metric": ["Must be a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)."]}
+        )
+    return fields
+
+
+@transaction.atomic
+def alert_rule_create(*, actor: Actor, **fields: Any) -> AlertRule:
+    """Add a rule (evaluated from the next beat tick)."""
+    return audited_create(actor=actor, model=AlertRule, fields=_rule_fields(fields))
+
+
+@transaction.atomic
+def alert_rule_update(*, actor: Actor, rule: AlertRule, **fields: Any) -> AlertRule:
+    """Change a rule; firing alerts are re-judged against it at the next evaluation."""
+    rule, _ = audited_update(actor=actor, instance=rule, fields=_rule_fields(fields))
+    return rule
+
+
+@transaction.atomic
+def alert_rule_delete(*, actor: Actor, rule: AlertRule) -> None:
+    """Delete a rule and its alerts' history."""
+    audited_delete(actor=actor, instance=rule)
+
+
+@transaction.atomic
+def alert_rules_sync_defaults(*, actor: Actor = None) -> list[str]:
+    """Create the shipped rules that do not exist yet (by name); existing rules, tuned or
+    not, are left alone. Returns the names created."""
+    created = []
+    for rule in DEFAULT_RULES:
+        if not AlertRule.objects.filter(name=rule["name"]).exists():
+            audited_create(actor=actor, model=AlertRule, fields=dict(rule))
+            created.append(rule["name"])
+    return created
+
+
+def _channel_fields(fields: dict[str, Any], current: NotificationChannel | None) -> dict[str, Any]:
+    kind = fields.get("kind", current.kind if current else None)
+    target = fields.get("target", current.target if current else None)
+    if kind is None or target is None:
+        return fields
+    if kind == ChannelKind.WEBHOOK:
+        try:
+            URLValidator(schemes=["http", "https"])(target)
+        except ValidationError:
+            raise ValidationError({"target": ["Must be an http(s) URL for a webhook."]}) from None
+    else:
+        addresses = [a.strip() for a in str(target).split(",") if a.strip()]
+        if not addresses:
+            raise ValidationError({"target": ["Give at least one e-mail address."]})
+        for address in addresses:
+            try:
+                validate_email(address)
+            except ValidationError:
+                raise ValidationError(
+                    {"target": [f"Not an e-mail address: {address!r}."]}
+                ) from None
+        fields["target"] = ", ".join(addresses)
+    return fields
+
+
+@transaction.atomic
+def channel_create(*, actor: Actor, **fields: Any) -> NotificationChannel:
+    """Add a webhook or e-mail channel."""
+    return audited_create(
+        actor=actor, model=NotificationChannel, fields=_channel_fields(fields, None)
+    )
+
+
+@transaction.atomic
+def channel_update(
+    *, actor: Actor, channel: NotificationChannel, **fields: Any
+) -> NotificationChannel:
+    """Change a channel."""
+    channel, _ = audited_update(
+        actor=actor, instance=channel, fields=_channel_fields(fields, channel)
+    )
+    return channel
+
+
+@transaction.atomic
+def channel_delete(*, actor: Actor, channel: NotificationChannel) -> None:
+    """Remove a channel."""
+    audited_delete(actor=actor, instance=channel)
+
+
+# --- evaluation -----------------------------------------------------------------------------
+
+
+def _aggregates(rule: AlertRule, since: datetime, until: datetime) -> dict[tuple[str, str], float]:
+    """Each subject's aggregated value of the rule's metric over ``[since, until]``."""
+    qs = MetricSample.objects.filter(name=rule.metric, at__gte=since, at__lte=until)
+    if rule.subject_type:
+        qs = qs.filter(subject_type=rule.subject_type)
+    if rule.aggregate == Aggregate.LAST:
+        out: dict[tuple[str, str], float] = {}
+        for st, sid, value in qs.order_by("at", "id").values_list(
+            "subject_type", "subject_id", "value"
+        ):
+            out[(st, sid)] = value  # later rows overwrite: the last one wins
+        return out
+    function = {Aggregate.AVG: Avg, Aggregate.MAX: Max, Aggregate.MIN: Min}[
+        Aggregate(rule.aggregate)
+    ]
+    rows = qs.values("subject_type", "subject_id").annotate(v=function("value"))
+    return {(r["subject_type"], r["subject_id"]): float(r["v"]) for r in rows}
+
+
+def breaches(rule: AlertRule, value: float) -> bool:
+    """Whether ``value`` breaches the rule's threshold."""
+    if rule.comparison == Comparison.GT:
+        return value > rule.threshold
+    return value < rule.threshold
+
+
+def _message(rule: AlertRule, subject: tuple[str, str], value: float) -> str:
+    op = ">" if rule.comparison == Comparison.GT else "<"
+    head = (
+        f"{rule.name}: {rule.aggregate}({rule.metric}) over {rule.window_s}s = {value:.6g} "
+        f"{op} {rule.threshold:g} for {subject[0]}:{subject[1]}"
+    )
+    return f"{head}. {rule.summary}"[:500]
+
+
+def alerts_evaluate(*, now: datetime | None = None, notify: bool = True) -> dict[str, list[int]]:
+    """Evaluate every enabled rule at ``now`` (beat: every minute; tests inject ``now``).
+    Returns the ids of the alerts opened, still firing, and resolved."""
+    now = now or timezone.now()
+    events: list[tuple[str, int]] = []
+    result: dict[str, list[int]] = {"fired": [], "firing": [], "resolved": []}
+    with transaction.atomic():
+        for rule in AlertRule.objects.filter(enabled=True).select_for_update():
+            values = _aggregates(rule, now - timedelta(seconds=rule.window_s), now)
+            open_alerts = {
+                (a.subject_type, a.subject_id): a
+                for a in Alert.objects.select_for_update().filter(
+                    rule=rule, state=AlertState.FIRING
+                )
+            }
+            for subject, value in sorted(values.items()):
+                alert = open_alerts.get(subject)
+                if breaches(rule, value):
+                    if alert is None:
+                        alert = Alert.objects.create(
+                            rule=rule,
+                            rule_name=rule.name,
+                            level=rule.level,
+                            layer=rule.layer,
+                            subject_type=subject[0],
+                            subject_id=subject[1],
+                            value=value,
+                            threshold=rule.threshold,
+                            message=_message(rule, subject, value),
+                            started_at=now,
+                            last_seen_at=now,
+                        )
+                        result["fired"].append(alert.pk)
+                        events.append(("firing", alert.pk))
+                        logger.warning(
+                            "alert_firing",
+                            extra={"rule": rule.name, "subject": ":".join(subject), "value": value},
+                        )
+                    else:
+                        alert.value, alert.last_seen_at = value, now
+                        alert.message = _message(rule, subject, value)
+                        alert.save(update_fields=["value", "last_seen_at", "message"])
+                        result["firing"].append(alert.pk)
+                elif alert is not None:
+                    alert.state, alert.resolved_at, alert.last_seen_at = (
+                        AlertState.RESOLVED,
+                        now,
+                        now,
+                    )
+                    alert.save(update_fields=["state", "resolved_at", "last_seen_at"])
+                    result["resolved"].append(alert.pk)
+                    events.append(("resolved", alert.pk))
+                    logger.info(
+                        "alert_resolved", extra={"rule": rule.name, "subject": ":".join(subject)}
+                    )
+    if notify:
+        for event, pk in events:
+            alert_notify(alert_id=pk, event=event)
+    return result
+
+
+# --- notification ---------------------------------------------------------------------------
+
+
+def alert_document(alert: Alert, event: str) -> dict[str, Any]:
+    """The JSON a webhook receives (also the e-mail body)."""
+    return {
+        "event": event,
+        "alert": {
+            "id": alert.pk,
+            "rule": alert.rule_name,
+            "level": alert.level,
+            "layer": alert.layer,
+            "subject": {"type": alert.subject_type, "id": alert.subject_id},
+            "state": alert.state,
+            "value": alert.value,
+            "threshold": alert.threshold,
+            "message": alert.message,
+            "started_at": alert.started_at.isoformat(),
+            "resolved_at": alert.resolved_at.isoformat() if alert.resolved_at else None,
+        },
+        "source": "pdbridge",
+    }
+
+
+def _post_webhook(url: str, document: dict[str, Any]) -> str:
+    request = urllib.request.Request(  # noqa: S310 - the URL's scheme is validated on write
+        url,
+        data=json.dumps(document).encode(),
+        headers={"Content-Type": "application/json", "User-Agent": "pdbridge-alerts"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as response:  # noqa: S310
+        return f"HTTP {response.status}"
+
+
+def _send_email(
+    addresses: Iterable[str], alert: Alert, event: str, document: dict[str, Any]
+) -> str:
+    subject = f"[pdbridge {alert.level}] {event}: {alert.rule_name} {alert.subject_type}:{alert.subject_id}"
+    sent = send_mail(
+        subject=subject[:200],
+        message=json.dumps(document, indent=2),
+        from_email=settings.DEFAULT_FROM_EMAIL,
+        recipient_list=list(addresses),
+    )
+    return f"{sent} message(s)"
+
+
+def channels_for(alert: Alert, event: str) -> list[NotificationChannel]:
+    """Enabled channels whose minimum level the alert reaches (and that want resolutions)."""
+    rank = LEVEL_RANK[AlertLevel(alert.level)]
+    return [
+        c
+        for c in NotificationChannel.objects.filter(enabled=True)
+        if LEVEL_RANK[AlertLevel(c.min_level)] <= rank and (event == "firing" or c.send_resolved)
+    ]
+
+
+def alert_notify(*, alert_id: int, event: str) -> list[dict[str, Any]]:
+    """Deliver one alert event to every matching channel; blocking (one webhook POST at a
+    time, each bounded by ``WEBHOOK_TIMEOUT_S``). Deliveries are appended to the alert."""
+    alert = Alert.objects.get(pk=alert_id)
+    document = alert_document(alert, event)
+    deliveries = []
+    for channel in channels_for(alert, event):
+        try:
+            if channel.kind == ChannelKind.WEBHOOK:
+                detail = _post_webhook(channel.target, document)
+            else:
+                detail = _send_email(channel.target.split(", "), alert, event, document)
+            ok = True
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            ok, detail = False, str(exc)[:300]
+            logger.warning(
+                "alert_notify_failed",
+                extra={"alert": alert.pk, "channel": channel.name, "error": detail},
+            )
+        deliveries.append(
+            {
+                "channel": channel.name,
+                "kind": channel.kind,
+                "event": event,
+                "ok": ok,
+                "detail": detail,
+                "at": timezone.now().isoformat(),
+            }
+        )
+    if deliveries:
+        with transaction.atomic():
+            locked = Alert.objects.select_for_update().get(pk=alert_id)
+            locked.notifications = [*locked.notifications, *deliveries]
+            locked.save(update_fields=["notifications"])
+    return deliveries

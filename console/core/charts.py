@@ -1,0 +1,119 @@
+"""Plotly time-series charts for console pages, as HTML fragments. Pages load plotly.js once
+(``{% url 'plotly-js' %}``, served from the installed plotly package: no CDN), so fragments
+carry no library. Called by page views while rendering (blocking, pure: no queries); an
+empty series gives an empty-state paragraph instead of an empty chart."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from html import escape
+from typing import Any
+
+Series = Sequence[tuple[datetime, float]]
+
+# One colour per request path, the same on every page.
+PATH_COLOURS = {"remote": "#1f6feb", "local": "#2da44e", "fallback": "#d29922"}
+
+
+def _html(fig: Any) -> str:
+    return str(
+        fig.to_html(
+            full_html=False,
+            include_plotlyjs=False,
+            config={"responsive": True, "displaylogo": False},
+        )
+    )
+
+
+def empty_chart(title: str, hint: str) -> str:
+    """The empty state of a chart: its title and what would fill it."""
+    return (
+        f'<div class="chart-empty"><strong>{escape(title)}</strong>'
+        f'<p class="muted">No data yet. {escape(hint)}</p></div>'
+    )
+
+
+def time_chart(
+    *,
+    title: str,
+    lines: dict[str, Series],
+    y_title: str,
+    hint: str,
+    limits: dict[str, float] | None = None,
+    step: bool = False,
+    from_zero: bool = False,
+    height: int = 260,
+) -> str:
+    """Lines over time (one per key of ``lines``), with optional horizontal limit lines
+    (``{"ceiling": 0.7}``). A line named after a path (``remote``, ``local p99``) takes that
+    path's colour, dashed for p99. ``hint`` says where the data comes from when there is none."""
+    if not any(lines.values()):
+        return empty_chart(title, hint)
+    import plotly.graph_objects as go  # heavy import, only for pages that draw
+
+    fig = go.Figure()
+    for name, points in lines.items():
+        if not points:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=[at for at, _ in points],
+                y=[value for _, value in points],
+                name=name,
+                mode="lines+markers" if len(points) < 60 else "lines",
+                line={
+                    "shape": "hv" if step else "linear",
+                    "color": PATH_COLOURS.get(name.split(" ")[0]),
+                    "dash": "dot" if name.endswith(" p99") else "solid",
+                },
+                marker={"size": 4},
+            )
+        )
+    for label, value in (limits or {}).items():
+        fig.add_hline(
+            y=value,
+            line={"dash": "dash", "color": "#cf222e"},
+            annotation_text=label,
+            annotation_position="top left",
+        )
+    fig.update_layout(
+        title={"text": title, "font": {"size": 14}},
+        yaxis_title=y_title,
+        yaxis_rangemode="tozero" if from_zero else "normal",
+        height=height,
+        margin={"l": 55, "r": 15, "t": 40, "b": 35},
+        legend={"orientation": "h", "y": -0.2},
+        template="plotly_white",
+    )
+    return _html(fig)
+
+
+def xy_chart(
+    *,
+    title: str,
+    lines: dict[str, tuple[Sequence[float], Sequence[float]]],
+    x_title: str,
+    y_title: str,
+    log_x: bool = False,
+    log_y: bool = False,
+    height: int = 320,
+) -> str:
+    """Lines of (x, y) points, e.g. KV bytes against prompt tokens."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    for name, (xs, ys) in lines.items():
+        fig.add_trace(go.Scatter(x=list(xs), y=list(ys), name=name, mode="lines+markers"))
+    fig.update_layout(
+        title={"text": title, "font": {"size": 14}},
+        xaxis_title=x_title,
+        yaxis_title=y_title,
+        xaxis_type="log" if log_x else "linear",
+        yaxis_type="log" if log_y else "linear",
+        height=height,
+        margin={"l": 60, "r": 15, "t": 40, "b": 40},
+        legend={"orientation": "h", "y": -0.25},
+        template="plotly_white",
+    )
+    return _html(fig)

@@ -1,0 +1,14 @@
+from django.urls import path
+
+from console.deployments import views
+
+urlpatterns = [
+    path("deployments/", views.deployment_list, name="deployments-page"),
+    path("deployments/<int:pk>/", views.deployment_detail, name="deployment-page"),
+    path(
+        "deployments/<int:pk>/kill-switch/",
+        views.deployment_kill_switch,
+        name="deployment-page-kill-switch",
+    ),
+    path("deployments/<int:pk>/restore/", views.deployment_restore, name="deployment-page-restore"),
+]

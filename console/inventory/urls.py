@@ -1,0 +1,10 @@
+from django.urls import path
+
+from console.inventory import views
+
+urlpatterns = [
+    path("sites/", views.site_list, name="sites-page"),
+    path("sites/<int:pk>/", views.site_detail, name="site-page"),
+    path("nodes/<int:pk>/", views.node_detail, name="node-page"),
+    path("links/<int:pk>/", views.link_detail, name="link-page"),
+]

@@ -1,0 +1,134 @@
+"""Inventory pages: sites, a site with its nodes and links, a node with its heartbeat
+history, a link with its probe history. Reads only (inventory writes are the admin's, through
+the API or the admin site)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db.models import Count, Q
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from console.core.charts import time_chart
+from console.core.pages import page_view, paginate
+from console.inventory.choices import NodeStatus
+from console.inventory.models import Link, Node, Site
+from console.telemetry import names
+from console.telemetry.charts import ChartSpec, history_charts
+from console.telemetry.models import MetricSample
+
+HISTORY = timedelta(days=1)
+
+
+@page_view
+@require_GET
+def site_list(request: HttpRequest) -> HttpResponse:
+    """Sites with node counts, paginated."""
+    sites = Site.objects.annotate(
+        n_nodes=Count("nodes"),
+        n_online=Count("nodes", filter=Q(nodes__status=NodeStatus.ONLINE)),
+    ).order_by("name")
+    return render(request, "inventory/site_list.html", {"page": paginate(request, sites)})
+
+
+@page_view
+@require_GET
+def site_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One site: its nodes (paginated), its links and their bandwidth history."""
+    site = get_object_or_404(Site, pk=pk)
+    nodes = paginate(request, site.nodes.all())
+    links = list(
+        Link.objects.select_related("from_site", "to_site").filter(
+            Q(from_site=site) | Q(to_site=site)
+        )
+    )
+    # One query for the bandwidth history of every link of the site.
+    samples = MetricSample.objects.filter(
+        subject_type="inventory.link",
+        subject_id__in=[str(link.pk) for link in links],
+        name=names.LINK_MEASURED_MBIT_S,
+        at__gte=timezone.now() - HISTORY,
+    ).order_by("at", "id")[:5000]
+    label = {str(link.pk): f"{link.from_site.name} → {link.to_site.name}" for link in links}
+    lines: dict[str, list[tuple[datetime, float]]] = {name: [] for name in label.values()}
+    for sample in samples.values_list("subject_id", "at", "value"):
+        lines[label[sample[0]]].append((sample[1], sample[2]))
+    chart = time_chart(
+        title="Measured bandwidth of the site's links",
+        lines=lines,
+        y_title="Mbit/s",
+        hint="Bandwidth probes of the links add points.",
+    )
+    return render(
+        request,
+        "inventory/site_detail.html",
+        {"site": site, "page": nodes, "links": links, "chart": chart},
+    )
+
+
+@page_view
+@require_GET
+def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One node: hardware, its last heartbeat's report, pools, heartbeat history charts."""
+    node = get_object_or_404(Node.objects.select_related("site"), pk=pk)
+    since = timezone.now() - HISTORY
+    charts = history_charts(
+        subject=node,
+        since=since,
+        hint="Each heartbeat of the node's agent adds a point.",
+        specs=[
+            ChartSpec(
+                "Supervised processes (healthy / total)",
+                {"healthy": names.NODE_CHILDREN_HEALTHY, "total": names.NODE_CHILDREN_TOTAL},
+                "processes",
+                step=True,
+                from_zero=True,
+            ),
+            ChartSpec("Clock skew against the console", {"skew": names.NODE_CLOCK_SKEW_MS}, "ms"),
+        ],
+    )
+    beats = MetricSample.objects.filter(
+        subject_type="inventory.node",
+        subject_id=str(node.pk),
+        name=names.NODE_CLOCK_SKEW_MS,
+        at__gte=since,
+    ).count()
+    pools = node.pools.select_related("deployment")
+    return render(
+        request,
+        "inventory/node_detail.html",
+        {"node": node, "charts": charts, "pools": pools, "beats": beats},
+    )
+
+
+@page_view
+@require_GET
+def link_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One link: latest probe and its bandwidth, RTT and utilisation history."""
+    link = get_object_or_404(Link.objects.select_related("from_site", "to_site"), pk=pk)
+    charts = history_charts(
+        subject=link,
+        since=timezone.now() - HISTORY,
+        hint="Bandwidth probes (deployment step 2, pdbridge kv probe) and the kv-link's "
+        "counters add points.",
+        specs=[
+            ChartSpec(
+                "Measured bandwidth",
+                {"measured": names.LINK_MEASURED_MBIT_S},
+                "Mbit/s",
+                limits={"provisioned": float(link.provisioned_mbit_s)},
+            ),
+            ChartSpec("Round-trip time", {"rtt": names.LINK_RTT_MS}, "ms"),
+            ChartSpec(
+                "Utilisation against the ceiling",
+                {"utilisation": names.LINK_UTILIZATION},
+                "share of link",
+                limits={"ceiling": link.utilization_ceiling},
+                from_zero=True,
+            ),
+        ],
+    )
+    return render(request, "inventory/link_detail.html", {"link": link, "charts": charts})

@@ -1,0 +1,24 @@
+"""The metric names console pages chart, in one place. Whoever records samples (heartbeats,
+probes, the gateway's scrape, workflows) uses these names so the pages find them; they follow
+Prometheus conventions and base units. ``path`` labels are ``remote`` / ``local`` / ``fallback``."""
+
+from __future__ import annotations
+
+# inventory.node (recorded by every heartbeat)
+NODE_CLOCK_SKEW_MS = "node_clock_skew_ms"
+NODE_CHILDREN_HEALTHY = "node_children_healthy"
+NODE_CHILDREN_TOTAL = "node_children_total"
+
+# inventory.link (bandwidth probes, the kv-link's own counters)
+LINK_MEASURED_MBIT_S = "link_measured_mbit_s"
+LINK_RTT_MS = "link_rtt_ms"
+LINK_UTILIZATION = "link_utilization_ratio"
+
+# deployments.deployment (the gateway's metrics, scraped)
+TTFT_P50 = "gateway_ttft_p50_seconds"
+TTFT_P99 = "gateway_ttft_p99_seconds"
+TPOT = "gateway_tpot_seconds"
+REQUESTS = "gateway_requests_per_second"  # labelled by path: the path mix
+SUCCESS = "gateway_success_ratio"
+EFFECTIVE_THRESHOLD = "gateway_effective_threshold_tokens"
+REMOTE_SHARE = "gateway_remote_share_ratio"

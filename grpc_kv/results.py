@@ -1,0 +1,49 @@
+"""What a transfer returns (:class:`TransferSummary`) or raises (:class:`TransferError` and
+its kinds). Raised by :mod:`grpc_kv.sender`; re-exported by :mod:`grpc_kv.api`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import grpc
+
+
+class _StreamStalled(Exception):
+    """A connection had chunks in flight and no ack for the stall timeout."""
+
+
+class TransferError(Exception):
+    """A transfer failed; ``code`` is the receiver's gRPC status when it refused."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class TransferTimeout(TransferError):
+    """The transfer did not complete within ``timeout_ms``."""
+
+
+class TransferRefused(TransferError):
+    """The receiver refused (fingerprint, version, id reuse, peer not allowed, bad frame)."""
+
+
+@dataclass
+class TransferSummary:
+    """What a finished transfer cost: returned by :meth:`Transfer.finish`."""
+
+    transfer_id: str
+    bytes_raw: int = 0
+    bytes_wire: int = 0
+    chunks: int = 0
+    retransmits: int = 0
+    resent_bytes: int = 0
+    resumes: int = 0
+    checksum_failures: int = 0
+    busy: int = 0
+    seconds: float = 0.0
+    codecs: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def goodput_mbit_s(self) -> float:
+        return self.bytes_raw * 8 / 1e6 / self.seconds if self.seconds else 0.0

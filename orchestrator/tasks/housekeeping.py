@@ -1,0 +1,30 @@
+"""Beat jobs that keep the inventory and telemetry honest: node liveness and sample retention."""
+
+from __future__ import annotations
+
+from orchestrator.celery import app
+
+
+@app.task(
+    name="orchestrator.inventory.mark_missing", acks_late=True, soft_time_limit=30, time_limit=45
+)
+def mark_missing_nodes() -> dict[str, list[int]]:
+    """Every few seconds: nodes whose heartbeats stopped become degraded, then lost (never
+    de-escalated here; only a heartbeat does that)."""
+    from console.inventory.services import node_mark_missing
+
+    return node_mark_missing()
+
+
+@app.task(
+    name="orchestrator.telemetry.prune_samples", acks_late=True, soft_time_limit=300, time_limit=330
+)
+def prune_samples() -> int:
+    """Hourly: delete telemetry samples older than ``PDBRIDGE_TELEMETRY_RETENTION_DAYS``."""
+    from datetime import timedelta
+
+    from django.conf import settings
+
+    from console.telemetry.services import samples_prune
+
+    return samples_prune(older_than=timedelta(days=settings.TELEMETRY_RETENTION_DAYS))

@@ -1,0 +1,88 @@
+"""Alerts API: role matrix, 400s naming the field, history filters."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from console.alerts.services import alerts_evaluate
+from console.telemetry.services import sample_record
+
+pytestmark = pytest.mark.django_db
+
+RULE = {
+    "name": "kv-queue",
+    "layer": "service",
+    "level": "warning",
+    "metric": "kv_link_queue_bytes",
+    "subject_type": "inventory.node",
+    "aggregate": "max",
+    "comparison": "gt",
+    "threshold": 1e9,
+    "window_s": 120,
+}
+
+
+@pytest.mark.parametrize(
+    ("role", "rules", "alerts", "channels"),
+    [
+        (None, 401, 401, 401),
+        ("viewer", 200, 200, 403),
+        ("operator", 200, 200, 200),
+        ("admin", 200, 200, 200),
+    ],
+)
+def test_read_roles(api_as, role, rules, alerts, channels):
+    api = api_as(role)
+    assert api.get("/api/alert-rules/").status_code == rules
+    assert api.get("/api/alerts/").status_code == alerts
+    assert api.get("/api/alert-channels/").status_code == channels
+
+
+@pytest.mark.parametrize(("role", "status"), [("viewer", 403), ("operator", 201), ("admin", 201)])
+def test_write_roles(api_as, role, status):
+    api = api_as(role)
+    assert api.post("/api/alert-rules/", RULE, format="json").status_code == status
+    channel = {"name": "hook", "kind": "webhook", "target": "https://hooks.example.com/x"}
+    assert api.post("/api/alert-channels/", channel, format="json").status_code == status
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/api/alert-rules/", {**RULE, "metric": "kv queue"}, "metric"),
+        ("/api/alert-rules/", {**RULE, "level": "panic"}, "level"),
+        ("/api/alert-rules/", {**RULE, "window_s": 1}, "window_s"),
+        ("/api/alert-rules/", {**RULE, "comparison": "ge"}, "comparison"),
+        ("/api/alert-channels/", {"name": "h", "kind": "webhook", "target": "ftp://x"}, "target"),
+        (
+            "/api/alert-channels/",
+            {"name": "m", "kind": "email", "target": "a@b.co, nope"},
+            "target",
+        ),
+        ("/api/alert-channels/", {"name": "m", "kind": "sms", "target": "1"}, "kind"),
+    ],
+)
+def test_bad_input_is_a_400_naming_the_field(api_as, path, body, field):
+    response = api_as("operator").post(path, body, format="json")
+    assert response.status_code == 400
+    assert field in response.json(), response.json()
+
+
+def test_history_is_filterable_by_state(world, api_as):
+    sample_record(
+        subject=world.link,
+        name="link_rtt_ms",
+        value=1000.0,
+        at=datetime(2026, 11, 30, tzinfo=UTC),
+    )
+    alerts_evaluate(now=datetime(2026, 11, 30, 0, 1, tzinfo=UTC))
+    api = api_as("viewer")
+
+    firing = api.get("/api/alerts/?state=firing").json()
+    resolved = api.get("/api/alerts/?state=resolved").json()
+
+    assert firing["count"] == 1
+    assert firing["results"][0]["rule_name"] == "link-rtt-high"
+    assert resolved["count"] == 0

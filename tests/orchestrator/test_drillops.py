@@ -1,0 +1,63 @@
+"""The drill's background load generator: started once per run (a re-executed step reuses it),
+bounded by itself, stopped by its stop file; only our own process is ever signalled."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from django.test import override_settings
+
+from agents.loadgen import read_records
+from console.drills.services import LOAD_DEFAULTS
+from orchestrator import drillops
+
+
+def _params() -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens: every request fails
+    return {"gateway_url": url, "model": "tiny", "load": {**LOAD_DEFAULTS, "concurrency": 1}}
+
+
+def _wait(path: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.1)
+
+
+def test_load_starts_once_per_run_and_stops_at_its_bound(tmp_path: Path):
+    with override_settings(VAR_DIR=tmp_path):
+        first = drillops.start_load(41, _params(), duration_s=1.5)
+        again = drillops.start_load(41, _params(), duration_s=99)
+
+    assert again == first
+    assert Path(first["output"]).parent == tmp_path / "drills" / "run-41"
+    _wait(Path(first["summary"]))
+    summary = json.loads(Path(first["summary"]).read_text())
+    assert summary["requests"] == len(read_records(Path(first["output"]))) > 0
+    assert summary["by_outcome"] == {"client_error": summary["requests"]}
+
+
+def test_stop_file_ends_the_load_early(tmp_path: Path):
+    with override_settings(VAR_DIR=tmp_path):
+        info = drillops.start_load(42, _params(), duration_s=120)
+    _wait(Path(info["output"]))
+    started = time.monotonic()
+
+    drillops.stop_load(info)
+
+    _wait(Path(info["summary"]), timeout=30)
+    assert time.monotonic() - started < 30
+
+
+def test_kill_load_signals_only_the_generator_it_started(tmp_path: Path):
+    mine = {"pid": os.getpid(), "stop_file": str(tmp_path / "drills" / "run-43" / "stop")}
+    gone = {"pid": 2**22 + 7, "stop_file": mine["stop_file"]}
+
+    assert drillops.kill_load(mine) is False  # this test process does not name the stop file
+    assert drillops.kill_load(gone) is False
