@@ -13,7 +13,6 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -102,9 +101,6 @@ class ProcessGroups:
         child = Child(name, proc, log)
         self.children.append(child)
         return child
-
-    def python(self, name: str, module: str, *args: str, **kw: dict[str, str]) -> Child:
-        return self.start(name, [sys.executable, "-m", module, *args], kw.get("extra_env"))
 
     def wait_until(
         self, child: Child, ready: Callable[[], bool], timeout: float, what: str

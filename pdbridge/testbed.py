@@ -329,8 +329,10 @@ def bring_up(args: Any, groups: ProcessGroups, stop: threading.Event) -> Endpoin
         site_dir = var_dir / "sites" / site
         site_dir.mkdir(parents=True, exist_ok=True)
         token_file = site_dir / "node.token"
-        token_file.write_text(token)
-        token_file.chmod(0o600)
+        # Created private: the token is the node's credential towards the console.
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(token)
         config = agent_config(site, site_dir, pki, console_url, token_file, ports)
         config_path = site_dir / "agent.json"
         config_path.write_text(json.dumps(config, indent=2))
