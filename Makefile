@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # Every bench/<part>.py is a benchmark: `make bench-<part>` runs one, `make bench` all.
 BENCHES := $(patsubst bench/%.py,bench-%,$(filter-out bench/__init__.py,$(wildcard bench/*.py)))
 
-.PHONY: install run test lint format bench $(BENCHES) protos clean-venv
+.PHONY: install run soak test lint format bench $(BENCHES) protos clean-venv
 
 $(PY):
 	$(PYTHON_BOOT) -m venv $(VENV)
@@ -22,9 +22,17 @@ $(STAMP): pyproject.toml scripts/install-torch.sh | $(PY)
 
 install: $(STAMP)
 
-## The README's run command: the embedded testbed (SQLite, no Redis needed).
+## The README's run command: two datacenters on this machine, a model deployed end to end
+## (SQLite, filesystem broker: no Redis or Postgres needed). RUN_ARGS: e.g. --model smollm2.
+RUN_ARGS ?=
 run: $(STAMP)
-	$(VENV)/bin/pdbridge run
+	$(PY) -m pdbridge.cli run $(RUN_ARGS)
+
+## The long stability run: the testbed under load with a remote restart and a link cut.
+## SOAK_ARGS: e.g. --duration-s 3600 (default 600).
+SOAK_ARGS ?=
+soak: $(STAMP)
+	$(PY) -m pdbridge.cli soak $(SOAK_ARGS)
 
 ## The README's test command (.ci/run calls it with CI=true).
 test: $(STAMP)

@@ -15,7 +15,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": (
         "pdbridge.run",
         "main",
-        "start the embedded console (SQLite, no Redis) and print its URL",
+        "the one-command testbed: two sites, a model deployed end to end (--console-only: console)",
+    ),
+    "soak": (
+        "pdbridge.soak",
+        "main",
+        "the testbed under mixed load with a remote restart and a link cut; checks RSS/fds",
     ),
     "agent": (
         "agents.daemon",

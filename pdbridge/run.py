@@ -1,8 +1,10 @@
-"""``pdbridge run``: the embedded console on one machine.
+"""``pdbridge run``: the one-command testbed, or the embedded console alone.
 
-Migrates the embedded database, loads the shipped fixtures, creates an ``admin`` account the
-first time (its password is printed once), collects static files, and serves the console with
-gunicorn until Ctrl-C. Later subsystems (worker, agents, gateway) join this command.
+By default (``pdbridge.testbed``): two datacenters on this machine with a hybrid model deployed
+end to end through the console's deployment workflow. With ``--console-only``: migrates the
+embedded database, loads the shipped fixtures, creates an ``admin`` account the first time (its
+password is printed once), collects static files, and serves the console with gunicorn until
+Ctrl-C. ``--check`` prepares the console-only mode and exits.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ def _setup_django() -> None:
     django.setup()
 
 
-def _ensure_admin() -> str | None:
+def ensure_admin() -> str | None:
+    """Create the ``admin`` superuser when missing; returns its new password (else None)."""
     from django.contrib.auth import get_user_model
 
     user_model = get_user_model()
@@ -44,7 +47,29 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--check", action="store_true", help="prepare everything, print the URL, do not serve"
     )
+    parser.add_argument(
+        "--console-only", action="store_true", help="serve the console alone (no testbed)"
+    )
+    testbed = parser.add_argument_group("testbed (the default mode)")
+    testbed.add_argument("--model", choices=["qwen3-next", "smollm2"], default="qwen3-next",
+                         help="tiny hybrid reference model, or the real SmolLM2-135M checkpoint")  # fmt: skip
+    testbed.add_argument("--wan-mbit", type=float, default=200.0, help="WAN bandwidth (Mbit/s)")
+    testbed.add_argument("--wan-latency-ms", type=float, default=10.0, help="WAN one-way latency")
+    testbed.add_argument("--gateway-port", type=int, default=8080, help="0: any free port")
+    testbed.add_argument("--var-dir", default=os.environ.get("PDBRIDGE_TESTBED_DIR", "var/testbed"))
+    testbed.add_argument("--deploy-timeout", type=float, default=900.0, help="seconds")
+    testbed.add_argument("--deploy-retries", type=int, default=1, help="retries of a failed step")
+    testbed.add_argument("--ready-file", default="", help="write the endpoints as JSON when up")
+    testbed.add_argument(
+        "--exit-after", type=float, default=0.0, help="stop after N s up (0: never)"
+    )
     args = parser.parse_args(argv)
+    if not (args.console_only or args.check):
+        from pdbridge import testbed as testbed_main
+
+        if args.port == 8000 and "PDBRIDGE_CONSOLE_PORT" not in os.environ:
+            args.port = 8443  # the testbed's console speaks TLS (agents require it)
+        return testbed_main.main(args)
 
     _setup_django()
     from django.conf import settings
@@ -55,7 +80,7 @@ def main(argv: list[str]) -> int:
     fixtures_dir = Path(settings.BASE_DIR) / "console" / "fixtures"
     for fixture in sorted(fixtures_dir.glob("*.json")) if fixtures_dir.is_dir() else []:
         call_command("loaddata", str(fixture), verbosity=0)
-    password = _ensure_admin()
+    password = ensure_admin()
 
     url = f"http://{args.host}:{args.port}/"
     print(f"pdbridge console: {url}  (API docs: {url}api/docs/)", flush=True)

@@ -1,0 +1,429 @@
+"""``pdbridge run``: two datacenters on one machine, a hybrid model deployed end to end.
+
+Brings up, as child processes in their own process groups: the console (gunicorn over TLS on
+the embedded SQLite database), a Celery worker and beat (filesystem broker), and two sites on
+loopback — ``local`` (decode agent; the agent later launches the decode engine, the kv-link
+receiver and the gateway) and ``remote`` (prefill agent, whose prefill engine sends KV across
+the "WAN"). The WAN is two userspace proxies in a row on the KV path: the remote agent's fault
+proxy (drills cut or degrade it) and a shaping proxy (``pdbridge kv proxy``: bandwidth and
+latency, default 200 Mbit/s and 10 ms). Then it registers sites, nodes (tokens handed to the
+agents), the link, the model, a demo deployment with a fast rollout plan, runs the deployment
+workflow through its eight steps (the canary of step 8 to 100 %, with demo traffic) and prints
+the console URL, the gateway URL and a ``curl`` line.
+
+Called by ``pdbridge.run.main``; blocks until SIGINT/SIGTERM (or ``--exit-after``), then stops
+every process group and kills any descendant left. Errors while coming up are printed with the
+failing process's log tail; the exit code is then 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import ssl
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from pdbridge.procgroup import ProcessGroups, become_subreaper, free_port, pinned_port, port_is_free
+from pdbridge.testbed_rows import (
+    DEMO_PARAMS,
+    MODELS,
+    Ports,
+    agent_config,
+    register,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Stop(Exception):
+    """SIGINT/SIGTERM arrived: shut down."""
+
+
+@dataclass
+class Endpoints:
+    """What the testbed prints and writes to ``--ready-file`` (the smoke test and soak read it)."""
+
+    console_url: str
+    gateway_url: str
+    ca: str
+    served_model: str
+    deployment_id: int
+    deploy_run: int
+    agents: dict[str, str]
+    var_dir: str
+    pid: int
+
+
+def _say(message: str) -> None:
+    print(f"[pdbridge run] {message}", flush=True)
+
+
+def _child_env(var_dir: Path, pki: dict[str, Path]) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    env.update(
+        DJANGO_SETTINGS_MODULE="console.settings",
+        PDBRIDGE_VAR_DIR=str(var_dir),
+        PDBRIDGE_CONTROLLER_TLS_CA=str(pki["ca"]),
+        PDBRIDGE_CONTROLLER_TLS_CERT=str(pki["controller_cert"]),
+        PDBRIDGE_CONTROLLER_TLS_KEY=str(pki["controller_key"]),
+    )
+    return env
+
+
+def fresh_state(var_dir: Path) -> None:
+    """Each testbed starts from an empty database and broker (ports and tokens are new each
+    time); the PKI is kept. The console-only mode keeps its own database."""
+    import shutil
+
+    for name in ("pdbridge.sqlite3", "celery", "sites", "logs", "celerybeat-schedule"):
+        path = var_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def make_pki(directory: Path) -> dict[str, Path]:
+    """CA, a node certificate (``localhost``: console, agents, engines, gateway) and the
+    controller's client certificate (``orchestrator``) under ``directory``; reused when present."""
+    from grpc_kv.api import create_ca, create_node_cert
+    from grpc_kv.certs import CertFiles
+
+    ca_dir, nodes = directory / "ca", directory / "nodes"
+    paths = {
+        "ca": ca_dir / "ca.pem",
+        "node_cert": nodes / "localhost.pem",
+        "node_key": nodes / "localhost-key.pem",
+        "controller_cert": nodes / "orchestrator.pem",
+        "controller_key": nodes / "orchestrator-key.pem",
+    }
+    if all(p.exists() for p in paths.values()):
+        return paths
+    ca: CertFiles = create_ca(ca_dir)
+    create_node_cert(ca, nodes, "localhost")
+    create_node_cert(ca, nodes, "orchestrator")
+    return paths
+
+
+def _https_answers(url: str, context: ssl.SSLContext) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=2, context=context)  # noqa: S310 - our own server
+    except urllib.error.HTTPError:
+        return True  # 401/404 are answers
+    except OSError:
+        return False
+    return True
+
+
+class DemoTraffic:
+    """Completions to the gateway from a few threads until stopped, so the canary's gates see
+    remote traffic (prompts longer than the deployment's remote threshold). Counts outcomes."""
+
+    def __init__(self, url: str, context: ssl.SSLContext, served: str, threads: int = 2) -> None:
+        self.url, self.context, self.served = url, context, served
+        self.stopped = threading.Event()
+        self.outcomes: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.threads = [
+            threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(threads)
+        ]
+
+    @property
+    def started(self) -> bool:
+        return self.threads[0].ident is not None
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join(30)
+
+    def _loop(self, index: int) -> None:
+        from agents.engines.verify import make_prompt
+
+        n = 0
+        while not self.stopped.is_set():
+            n += 1
+            body = {"model": self.served, "prompt": make_prompt(300, seed=index * 100_000 + n),
+                    "max_tokens": 4, "temperature": 0}  # fmt: skip
+            request = urllib.request.Request(  # noqa: S310 - our own gateway
+                f"{self.url}/v1/completions",
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=60, context=self.context) as r:  # noqa: S310
+                    r.read()
+                    key = f"{r.status} {r.headers.get('x-pdbridge-path', '')}"
+            except urllib.error.HTTPError as exc:
+                key = f"{exc.code} {exc.headers.get('x-pdbridge-path', '')}"
+            except OSError:
+                key = "unreachable"
+                time.sleep(0.5)
+            with self.lock:
+                self.outcomes[key] = self.outcomes.get(key, 0) + 1
+
+
+def _setup_django(env: dict[str, str]) -> None:
+    keys = [k for k in env if k.startswith("PDBRIDGE_CONTROLLER_")]
+    for key in ("DJANGO_SETTINGS_MODULE", "PDBRIDGE_VAR_DIR", "PYTHONPATH", *keys):
+        os.environ[key] = env[key]
+    # This process's own logs (service INFO lines) would drown the progress lines.
+    os.environ.setdefault("LOG_LEVEL", "WARNING")
+    import django
+
+    django.setup()
+
+
+def _prepare_database() -> str | None:
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from pdbridge.run import ensure_admin
+
+    call_command("migrate", interactive=False, verbosity=0)
+    call_command("collectstatic", interactive=False, verbosity=0)
+    fixtures_dir = Path(settings.BASE_DIR) / "console" / "fixtures"
+    for fixture in sorted(fixtures_dir.glob("*.json")) if fixtures_dir.is_dir() else []:
+        call_command("loaddata", str(fixture), verbosity=0)
+    return ensure_admin()
+
+
+def _follow(run_id: int, traffic: DemoTraffic, deadline: float, seen: dict[str, str]) -> Any:
+    """Print each step as it changes state until the run ends; returns the ended run."""
+    from console.runs.models import WorkflowRun
+
+    while True:
+        run = WorkflowRun.objects.get(pk=run_id)
+        for step in run.steps.order_by("index"):
+            key = f"{step.state}:{step.attempt}"
+            if seen.get(step.name) != key and step.state != "pending":
+                seen[step.name] = key
+                _say(f"step {step.index + 1}/8 {step.name}: {step.state}")
+                if step.name == "gateway" and step.state == "succeeded" and not traffic.started:
+                    traffic.start()
+        if run.state in {"succeeded", "failed", "rolled_back", "canceled"}:
+            return run
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"deploy run {run_id} not finished in time (--deploy-timeout)")
+        time.sleep(0.5)
+
+
+def _deploy(deployment_id: int, traffic: DemoTraffic, timeout: float, retries: int) -> int:
+    """Start the deploy workflow and follow it; demo traffic runs once the gateway is up. A
+    failed step is retried from that step up to ``retries`` times (what an operator would do
+    after a transient failure on a loaded machine), visibly. Returns the run id; raises when
+    it still fails."""
+    from console.deployments import flows
+    from console.deployments.models import Deployment
+    from console.runs import services as run_services
+
+    deployment = Deployment.objects.get(pk=deployment_id)
+    run = flows.deployment_deploy(actor=None, deployment=deployment, params=DEMO_PARAMS)
+    deadline = time.monotonic() + timeout
+    seen: dict[str, str] = {}
+    for attempt in range(retries + 1):
+        run = _follow(run.pk, traffic, deadline, seen)
+        if run.state == "succeeded":
+            break
+        failed = next((s for s in run.steps.order_by("index") if s.state == "failed"), None)
+        reason = failed.error if failed else run.error
+        _say(f"deploy run {run.pk} {run.state}: {reason}")
+        if failed is None or attempt == retries:
+            raise RuntimeError(f"deploy run {run.pk} {run.state}: {reason}")
+        _say(f"retrying from step {failed.index + 1} ({failed.name})")
+        run = run_services.run_retry(actor=None, run=run, from_index=failed.index)
+    deployment = Deployment.objects.get(pk=deployment_id)
+    if deployment.remote_share_percent != 100:
+        raise RuntimeError(
+            f"deploy run {run.pk} ended with remote share {deployment.remote_share_percent} %"
+        )
+    _say(
+        f"deployment {deployment.name}: {deployment.state}, remote share {deployment.remote_share_percent} %"
+    )
+    return int(run.pk)
+
+
+def _wait_agents_online(node_ids: list[int], timeout: float) -> None:
+    from console.inventory.models import Node
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        nodes = list(Node.objects.filter(pk__in=node_ids))
+        if all(n.last_heartbeat_at for n in nodes):
+            return
+        time.sleep(0.5)
+    raise RuntimeError("agents did not heartbeat to the console in time")
+
+
+def bring_up(args: Any, groups: ProcessGroups, stop: threading.Event) -> Endpoints:
+    """Everything up to a deployment at 100 %; blocking. Raises RuntimeError on a failure."""
+    var_dir = Path(args.var_dir).resolve()
+    var_dir.mkdir(parents=True, exist_ok=True)
+    fresh_state(var_dir)
+    model = MODELS[args.model]
+    _say(f"state under {var_dir}; logs under {var_dir / 'logs'}")
+    pki = make_pki(var_dir / "pki")
+    env = _child_env(var_dir, pki)
+    groups.env = env
+    groups.cwd = var_dir
+    _setup_django(env)
+    password = _prepare_database()
+    context = ssl.create_default_context(cafile=str(pki["ca"]))
+    py = sys.executable
+
+    def check_stop() -> None:
+        if stop.is_set():
+            raise Stop
+
+    if model.zoo:
+        _say(f"building {args.model} weights (once, cached)")
+        build = groups.start(
+            "model-build", [py, "-m", "pdbridge.cli", "engine", "build", model.zoo]
+        )
+        build.proc.wait(600)
+        if build.proc.returncode != 0:
+            raise RuntimeError(f"weights not built: {build.tail()}")
+        groups.children.remove(build)
+    check_stop()
+
+    console_port = args.port or free_port(args.host)
+    if not port_is_free(console_port, args.host):
+        raise RuntimeError(f"--port: {console_port} is taken (pick another, or 0 for any)")
+    console_url = f"https://{args.host}:{console_port}"
+    _say("starting the console, worker and beat")
+    console = groups.start("console", [py, "-m", "gunicorn", "console.wsgi:application",
+        "--bind", f"{args.host}:{console_port}", "--workers", "1", "--threads", "8",
+        "--certfile", str(pki["node_cert"]), "--keyfile", str(pki["node_key"]),
+        "--graceful-timeout", "5"])  # fmt: skip
+    groups.start("worker", [py, "-m", "celery", "-A", "orchestrator.celery", "worker", "-P", "threads",
+        "-c", "4", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "INFO"])  # fmt: skip
+    groups.start("beat", [py, "-m", "celery", "-A", "orchestrator.celery", "beat", "-l", "INFO",
+        "--schedule", str(var_dir / "celerybeat-schedule")])  # fmt: skip
+    groups.wait_until(
+        console, lambda: _https_answers(f"{console_url}/api/", context), 90, "console answering"
+    )
+    check_stop()
+
+    ports = Ports.choose(pinned_port, args.gateway_port)
+    _say(f"WAN: {args.wan_mbit} Mbit/s, {args.wan_latency_ms} ms (shaping proxy on the KV path)")
+    groups.start("wan-shaper", [py, "-m", "pdbridge.cli", "kv", "proxy",
+        "--listen", f"127.0.0.1:{ports.kv_shaped}", "--upstream", f"127.0.0.1:{ports.kv_receiver}",
+        "--bandwidth-mbit", str(args.wan_mbit), "--latency-ms", str(args.wan_latency_ms)])  # fmt: skip
+
+    rows = register(model, ports, pki, args.wan_mbit)
+    addresses: dict[str, str] = {}
+    for site, token in rows.tokens.items():
+        site_dir = var_dir / "sites" / site
+        site_dir.mkdir(parents=True, exist_ok=True)
+        token_file = site_dir / "node.token"
+        # Created private: the token is the node's credential towards the console.
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(token)
+        config = agent_config(site, site_dir, pki, console_url, token_file, ports)
+        config_path = site_dir / "agent.json"
+        config_path.write_text(json.dumps(config, indent=2))
+        info = site_dir / "state" / "agent.json"
+        info.unlink(missing_ok=True)
+        _say(f"starting the {site} site's agent")
+        agent = groups.start(
+            f"agent-{site}", [py, "-m", "pdbridge.cli", "agent", "--config", str(config_path)]
+        )
+        groups.wait_until(agent, info.exists, 60, "agent listening")
+        addresses[site] = f"127.0.0.1:{json.loads(info.read_text())['port']}"
+    rows.set_agent_addresses(addresses)
+    _wait_agents_online(rows.node_ids, 60)
+    _say("agents online; running the deployment workflow (8 steps)")
+    check_stop()
+
+    gateway_url = f"https://localhost:{ports.gateway}"
+    traffic = DemoTraffic(gateway_url, context, model.served)
+    try:
+        run_id = _deploy(rows.deployment_id, traffic, args.deploy_timeout, args.deploy_retries)
+    finally:
+        if traffic.started:
+            traffic.stop()
+            _say(f"demo traffic during the canary: {traffic.outcomes}")
+
+    from django.db import connection
+
+    connection.close()
+    ready = Endpoints(console_url, gateway_url, str(pki["ca"]), model.served, rows.deployment_id,
+                      run_id, addresses, str(var_dir), os.getpid())  # fmt: skip
+    _print_ready(ready, password, model)
+    return ready
+
+
+def _print_ready(ready: Endpoints, password: str | None, model: Any) -> None:
+    prompt = model.demo_prompt.replace('"', '\\"')
+    body = json.dumps({"model": ready.served_model, "prompt": prompt, "max_tokens": 16})
+    print(flush=True)
+    print(f"  console:  {ready.console_url}/  (CA: {ready.ca})", flush=True)
+    if password:
+        print(f"  login:    admin / {password}   (shown once)", flush=True)
+    else:
+        print("  login:    admin (reset: pdbridge console changepassword admin)", flush=True)
+    print(f"  gateway:  {ready.gateway_url}/v1/completions", flush=True)
+    print(f"  try:      curl -si --cacert {ready.ca} {ready.gateway_url}/v1/completions "
+          f"-H 'Content-Type: application/json' -d '{body}'", flush=True)  # fmt: skip
+    print("  Ctrl-C stops everything.", flush=True)
+
+
+def main(args: Any) -> int:
+    """Run the testbed until a signal; see the module docstring."""
+    become_subreaper()
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+        if threading.current_thread() is threading.main_thread() and not _serving[0]:
+            raise Stop
+
+    _serving = [False]
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    groups = ProcessGroups(Path(args.var_dir).resolve() / "logs", dict(os.environ))
+    code = 0
+    try:
+        ready = bring_up(args, groups, stop)
+        if args.ready_file:
+            Path(args.ready_file).write_text(json.dumps(asdict(ready)))
+        _serving[0] = True
+        deadline = time.monotonic() + args.exit_after if args.exit_after else None
+        while not stop.wait(1.0):
+            dead = [c.name for c in groups.children if not c.alive()]
+            if dead:
+                _say(f"stopping: {', '.join(dead)} exited (logs under {groups.log_dir})")
+                code = 1
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                break
+    except Stop:
+        pass
+    except RuntimeError as exc:
+        _say(f"failed: {exc}")
+        code = 1
+    finally:
+        _serving[0] = True  # no more Stop exceptions while shutting down
+        _say("shutting down")
+        groups.stop_all()
+        left = groups.reap_descendants()
+        if left:
+            for pid, command in left:
+                _say(f"killed leftover process {pid}: {command[:160]}")
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        _say("stopped")
+    return code

@@ -1,0 +1,225 @@
+"""The testbed's inventory, catalog and deployment rows, and its agents' configuration.
+
+Called by ``pdbridge.testbed`` after Django is set up; blocking (database writes). Validation
+errors of the services surface as Django ``ValidationError`` naming the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class DemoModel:
+    """A model the testbed can deploy: the engine's model spec, the catalog's architecture
+    (the capacity baseline reads it) and serving knobs that suit it on CPU."""
+
+    served: str
+    zoo: str  # architecture to generate with ``pdbridge engine build``; "" for a checkpoint
+    spec: str  # the engine's ``--model`` value
+    architecture: dict[str, Any]
+    parameter_count: int
+    timeout_ms: int
+    demo_prompt: str
+
+
+MODELS: dict[str, DemoModel] = {
+    # Tiny Qwen3-Next-style hybrid (1 full-attention layer, 3 linear-attention layers), random
+    # weights: its answers are bytes, not words, but they round-trip their cache exactly.
+    "qwen3-next": DemoModel(
+        served="tiny",
+        zoo="qwen3-next",
+        spec="tiny=qwen3-next",
+        architecture={
+            "dtype_bytes": 4,
+            "layers": [
+                {"kind": "full", "count": 1, "kv_heads": 2, "head_dim": 16},
+                {
+                    "kind": "linear",
+                    "count": 3,
+                    "num_heads": 2,
+                    "key_head_dim": 16,
+                    "value_head_dim": 16,
+                    "conv_dim": 96,
+                    "conv_kernel": 4,
+                },
+            ],
+        },
+        parameter_count=1_000_000,
+        timeout_ms=15000,
+        # Over the remote threshold (64 tokens) by the gateway's estimate of 4 chars a token.
+        demo_prompt="Two datacenters, one answer: "
+        + "prefill over there, decode right here. " * 10,
+    ),
+    # The real SmolLM2-135M-Instruct checkpoint (needs the ``real`` extra): readable answers.
+    "smollm2": DemoModel(
+        served="smollm2",
+        zoo="",
+        spec="smollm2=smollm2",
+        architecture={
+            "dtype_bytes": 4,
+            "layers": [{"kind": "full", "count": 30, "kv_heads": 3, "head_dim": 64}],
+        },
+        parameter_count=135_000_000,
+        timeout_ms=60000,
+        demo_prompt="Explain in a few sentences why the sky is blue, and why sunsets are red. " * 5,
+    ),
+}
+
+#: Deploy workflow parameters of the demo: short probes and checks, a quick canary re-check.
+DEMO_PARAMS: dict[str, Any] = {
+    "probe_seconds": 1,
+    "verify_lengths": [40, 200],
+    "verify_deadline_s": 60,
+    "recheck_s": 1,
+    "canary": {"recheck_s": 1},
+}
+
+DEPLOYMENT = "demo"
+
+
+@dataclass
+class Ports:
+    """Ports written into the deployment's pools (below the ephemeral range, probed)."""
+
+    decode: int
+    prefill: int
+    kv_receiver: int  # the decode engine's embedded KV receiver
+    kv_shaped: int  # the WAN shaping proxy, in front of the receiver
+    kv_wan: int  # the remote agent's fault proxy, in front of the shaper: prefill dials this
+    kv_link: int
+    gateway: int
+
+    @classmethod
+    def choose(cls, pick: Callable[[], int], gateway: int) -> Ports:
+        from pdbridge.procgroup import port_is_free
+
+        gateway_port = gateway if gateway and port_is_free(gateway) else pick()
+        return cls(pick(), pick(), pick(), pick(), pick(), pick(), gateway_port)
+
+
+@dataclass
+class Rows:
+    deployment_id: int
+    node_ids: list[int]
+    tokens: dict[str, str] = field(default_factory=dict)  # site -> node token (shown once)
+
+    def set_agent_addresses(self, addresses: dict[str, str]) -> None:
+        from console.inventory.models import Node
+        from console.inventory.services import node_update
+
+        for node in Node.objects.filter(pk__in=self.node_ids).select_related("site"):
+            node_update(actor=None, node=node, agent_address=addresses[node.site.name])
+
+
+def register(model: DemoModel, ports: Ports, pki: dict[str, Path], wan_mbit: float) -> Rows:
+    """Sites ``local`` (decode) and ``remote`` (prefill), their link, one node each, the model,
+    the ``demo`` deployment with its pools and a fast rollout plan, and a token per node."""
+    from console.catalog.services import model_create
+    from console.deployments.services import deployment_create, pool_create
+    from console.inventory.services import link_create, node_create, node_token_issue, site_create
+    from console.rollouts.services import rollout_plan_create
+
+    local = site_create(actor=None, name="local", role="decode", region="testbed-local")
+    remote = site_create(actor=None, name="remote", role="prefill", region="testbed-remote")
+    link_create(actor=None, from_site=remote, to_site=local, provisioned_mbit_s=int(wan_mbit))
+    nodes = {
+        site.name: node_create(
+            actor=None, site=site, hostname="localhost", agent_address="127.0.0.1:1"
+        )
+        for site in (local, remote)
+    }
+    spec = model_create(actor=None, name=model.served, family="testbed",
+                        architecture=model.architecture, parameter_count=model.parameter_count)  # fmt: skip
+    dep = deployment_create(
+        actor=None,
+        name=DEPLOYMENT,
+        model=spec,
+        remote_prefill_threshold_tokens=64,
+        chunked_prefill_tokens=64,
+        timeout_ms=model.timeout_ms,
+    )
+    common = {
+        "model": model.spec,
+        "threads": 1,
+        "kv_tls": {
+            "ca": str(pki["ca"]),
+            "cert": str(pki["node_cert"]),
+            "key": str(pki["node_key"]),
+        },
+    }
+    pool_create(
+        actor=None, deployment=dep, role="decode", site=local, nodes=[nodes["local"]],
+        engine_settings={**common, "port": ports.decode, "kv_port": ports.kv_wan,
+                         "kv_listen": f"127.0.0.1:{ports.kv_receiver}",
+                         "kv_link_port": ports.kv_link, "gateway_port": ports.gateway},
+    )  # fmt: skip
+    pool_create(
+        actor=None, deployment=dep, role="prefill", site=remote, nodes=[nodes["remote"]],
+        engine_settings={**common, "port": ports.prefill},
+    )  # fmt: skip
+    rollout_plan_create(
+        actor=None,
+        name="demo-fast",
+        deployment=dep,
+        steps=[
+            {"share_percent": 50, "min_duration_s": 2, "min_requests": 4},
+            {"share_percent": 100, "min_duration_s": 1, "min_requests": 2},
+        ],
+        gate_ttft_p50_ratio=10.0,
+        gate_ttft_p99_ratio=20.0,
+        gate_success_rate_min=0.9,
+        gate_link_utilization_max=0.95,
+    )
+    tokens = {site: node_token_issue(actor=None, node=node) for site, node in nodes.items()}
+    return Rows(dep.pk, [n.pk for n in nodes.values()], tokens)
+
+
+def agent_config(
+    site: str,
+    site_dir: Path,
+    pki: dict[str, Path],
+    console_url: str,
+    token_file: Path,
+    ports: Ports,
+) -> dict[str, Any]:
+    """A site's agent: mTLS (only the controller may call it), heartbeats to the console; the
+    remote site's agent runs the fault proxy in front of the WAN shaper on the KV path."""
+    proxies = (
+        {
+            "local": {
+                "listen": f"127.0.0.1:{ports.kv_wan}",
+                "upstream": f"127.0.0.1:{ports.kv_shaped}",
+            }
+        }
+        if site == "remote"
+        else {}
+    )
+    return {
+        "node": {"name": "localhost", "site": site},
+        "listen": "127.0.0.1:0",
+        "state_dir": str(site_dir / "state"),
+        "metrics_listen": "127.0.0.1:0",
+        "tls": {
+            "ca": str(pki["ca"]),
+            "cert": str(pki["node_cert"]),
+            "key": str(pki["node_key"]),
+            "allowed_identities": ["orchestrator"],
+        },
+        "console": {
+            "url": console_url,
+            "token_file": str(token_file),
+            "ca": str(pki["ca"]),
+            "heartbeat_interval_s": 2,
+        },
+        "supervision": {
+            "readiness_timeout_s": 300,
+            "health_interval_s": 1,
+            "health_failures": 5,
+            "stop_grace_s": 3,
+        },
+        "faults": {"mechanism": "proxy", "proxies": proxies},
+    }

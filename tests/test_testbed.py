@@ -1,0 +1,133 @@
+"""``pdbridge run`` smoke test on real processes: the testbed comes up, the deploy run's eight
+steps succeed with the canary at 100 %, a request through the gateway is served on the remote
+path with tokens, the printed ``curl`` line works, and SIGTERM leaves no process behind and
+frees the ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sqlite3
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from pdbridge.procgroup import port_is_free, terminate_session
+from tests.support import subprocess_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+STEPS = [
+    "capacity_baseline", "wan_baseline", "remote_prefill", "local_decode",
+    "kv_link", "gateway", "verification", "canary",
+]  # fmt: skip
+# The test process's own settings must not leak into the testbed (it has its own database).
+FOREIGN = (
+    "DJANGO_SETTINGS_MODULE",
+    "DATABASE_URL",
+    "CELERY_BROKER_URL",
+    "REDIS_URL",
+    "PDBRIDGE_ENV",
+)
+
+
+def marked_processes(mark: str) -> list[int]:
+    """Live processes whose environment carries ``mark`` (the testbed and everything under it)."""
+    found = []
+    needle = f"PDBRIDGE_SMOKE_MARK={mark}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes():
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_make_run_reaches_full_share_serves_remote_and_shuts_down_clean(tmp_path):
+    mark = uuid.uuid4().hex
+    env = {k: v for k, v in subprocess_env(PDBRIDGE_SMOKE_MARK=mark).items() if k not in FOREIGN}
+    ready_file = tmp_path / "ready.json"
+    out = (tmp_path / "run.out").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pdbridge.cli", "run", "--port", "0", "--gateway-port", "0",
+         "--var-dir", str(tmp_path / "var"), "--ready-file", str(ready_file)],
+        env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 900
+        while not ready_file.exists():
+            assert proc.poll() is None, (tmp_path / "run.out").read_text()[-5000:]
+            assert time.monotonic() < deadline, (tmp_path / "run.out").read_text()[-5000:]
+            time.sleep(1)
+        ready = json.loads(ready_file.read_text())
+        output = (tmp_path / "run.out").read_text()
+
+        for index, name in enumerate(STEPS, start=1):
+            assert f"step {index}/8 {name}: succeeded" in output
+        db = sqlite3.connect(Path(ready["var_dir"]) / "pdbridge.sqlite3")
+        steps = db.execute(
+            'SELECT name, state FROM runs_steprun WHERE run_id = ? ORDER BY "index"',
+            (ready["deploy_run"],),
+        ).fetchall()
+        assert steps == [(name, "succeeded") for name in STEPS]
+        state, share = db.execute(
+            "SELECT state, remote_share_percent FROM deployments_deployment WHERE id = ?",
+            (ready["deployment_id"],),
+        ).fetchone()
+        db.close()
+        assert (state, share) == ("active", 100)
+
+        # A fresh prompt over the threshold goes the remote way and returns tokens.
+        context = ssl.create_default_context(cafile=ready["ca"])
+        prompt = "A fresh prompt for the smoke test, long enough to be prefilled remotely. " * 6
+        body = {"model": ready["served_model"], "prompt": prompt, "max_tokens": 8}
+        request = urllib.request.Request(  # noqa: S310 - the testbed's gateway
+            f"{ready['gateway_url']}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=60, context=context) as response:  # noqa: S310
+            answer = json.loads(response.read())
+            assert response.headers["x-pdbridge-path"] == "remote"
+        # Random weights may sample the end-of-text token early: at least one token, counted.
+        assert 1 <= answer["usage"]["completion_tokens"] <= 8
+        assert len(answer["choices"][0]["token_ids"]) == answer["usage"]["completion_tokens"]
+
+        # The printed curl line works as printed (first use of its prompt: remote).
+        [line] = [x for x in output.splitlines() if x.strip().startswith("try:")]
+        if shutil.which("curl"):
+            argv = shlex.split(line.split("try:", 1)[1])
+            curl = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+            assert curl.returncode == 0, curl.stderr
+            assert "200 OK" in curl.stdout.splitlines()[0]
+            assert "x-pdbridge-path: remote" in curl.stdout
+            printed = json.loads(curl.stdout.replace("\r\n", "\n").split("\n\n", 1)[1])
+            assert 1 <= printed["usage"]["completion_tokens"] <= 16
+        assert marked_processes(mark), "the testbed's processes carry the mark"
+    finally:
+        stopped_in_time = terminate_session(proc)
+        out.close()
+
+    output = (tmp_path / "run.out").read_text()
+    assert stopped_in_time
+    assert proc.returncode == 0, output[-3000:]
+    assert "stopped" in output
+    assert "killed leftover process" not in output
+    assert marked_processes(mark) == []
+    console_port = int(ready["console_url"].rsplit(":", 1)[1])
+    gateway_port = int(ready["gateway_url"].rsplit(":", 1)[1])
+    assert port_is_free(console_port)
+    assert port_is_free(gateway_port)
