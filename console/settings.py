@@ -128,6 +128,8 @@ if CELERY_BROKER_URL == "filesystem://":
         "data_folder_in": str(_broker_dir),
         "data_folder_out": str(_broker_dir),
         "processed_folder": str(_broker_dir),
+        # Exchange tables; kombu's default is ./control relative to the working directory.
+        "control_folder": str(VAR_DIR / "celery" / "control"),
         "store_processed": False,
     }
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or (REDIS_URL or None)

@@ -149,6 +149,7 @@ def test_embedded_filesystem_broker_runs_selfcheck(start_worker, tmp_path):
         "data_folder_in": str(broker),
         "data_folder_out": str(broker),
         "processed_folder": str(broker),
+        "control_folder": str(var_dir / "celery" / "control"),
         "store_processed": False,
     }
     with override_settings(

@@ -189,9 +189,10 @@ def test_workflow_buttons_appear_only_for_routed_actions(client_as, pages, setti
     after = client_as("operator").get(f"/deployments/{dep.pk}/").content.decode()
     viewer = client_as("viewer").get(f"/deployments/{dep.pk}/").content.decode()
 
-    assert 'class="workflow"' not in before
-    assert f'hx-post="/api/deployments/{dep.pk}/deploy/"' in after
+    # deploy and canary are routed API actions today; a per-deployment drill action is not.
+    assert f'hx-post="/api/deployments/{dep.pk}/deploy/"' in before
+    assert f'hx-post="/api/deployments/{dep.pk}/canary/"' in before
+    assert f'hx-post="/api/deployments/{dep.pk}/drill/"' not in before
     assert f'hx-post="/api/deployments/{dep.pk}/drill/"' in after
-    assert "/canary/" not in after  # not routed: no button
     assert 'class="workflow"' not in viewer
     assert "no successful drill in the last 7 days" in after  # drills exist: computed, fails
