@@ -42,7 +42,7 @@ from orchestrator.tidalops import carry_out_all
 from tests.agents.conftest import agent_config
 from tests.console.factories import ModelSpecFactory, NodeFactory, SiteFactory, make_deployment
 from tests.console.schedules.conftest import REMOTE_PRICES, case_study
-from tests.netns import require_netns
+from tests.netns import _ip, require_netns
 from tests.orchestrator.workflows.topology import pinned_port
 from tests.support import subprocess_env
 
@@ -65,10 +65,6 @@ class RemoteAgent:
 class Bed:
     agents: dict[str, RemoteAgent]
     tls: dict[str, str]
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
 
 
 def _start(tmp: Path, config: dict[str, Any], prefix: list[str]) -> tuple[Any, int, Path]:
