@@ -293,3 +293,18 @@ def test_agent_errors_are_recorded_and_retried_and_the_kill_switch_defers_the_ca
     assert row.error == ""
     assert row.scale["agent_attempts"] == 2
     assert tidal.state("pre-2")["state"] == "absent"
+
+
+def test_the_beat_task_applies_the_current_hour_and_carries_it_out(tidal: Tidal) -> None:
+    from orchestrator.tasks.schedules import apply_tidal
+
+    ids = apply_tidal()  # the real clock: whatever hour it is now, run synchronously
+
+    row = TidalApplication.objects.get(pk=ids[0])
+    assert row.scale["agents_state"] == "done", row.scale
+    for host in row.scale["run"]:
+        assert tidal.state(host)["state"] == "running"
+    for host in row.scale["stop"]:
+        assert tidal.state(host)["state"] == "absent"
+    apply_tidal()  # a second tick: the row is done, nothing new is sent for it
+    assert TidalApplication.objects.get(pk=ids[0]).scale["agent_attempts"] == 1
