@@ -240,6 +240,9 @@ def pick_port(requested: int | None, host: str = "127.0.0.1") -> int:
     taken. Blocking but instant (a bind attempt).
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As servers do: connections of a child that just stopped (TIME_WAIT) must not make
+        # its port look taken; a port another process listens on still fails to bind.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, requested or 0))
         except OSError as exc:

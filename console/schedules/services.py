@@ -235,8 +235,9 @@ def canary_in_progress(deployment: Deployment) -> WorkflowRun | None:
 def _scale_intent(schedule: TidalSchedule, instances: int) -> dict[str, Any]:
     """Which remote prefill nodes should run this hour: the first ``instances`` usable nodes
     of the deployment's prefill pool at the remote site (by hostname), the rest stopped.
-    Recorded as intent: engines are launched / stopped on these nodes by the agents through
-    the deployment workflow's engine steps; no agent call is made here."""
+    Recorded as intent only: the beat job then launches / stops the prefill engine on these
+    nodes (``orchestrator.tidalops.carry_out``, which records what the agents answered); the
+    console makes no agent call."""
     pool = Pool.objects.filter(
         deployment_id=schedule.deployment_id, role=PoolRole.PREFILL, site=schedule.remote_site
     ).first()
@@ -250,7 +251,7 @@ def _scale_intent(schedule: TidalSchedule, instances: int) -> dict[str, Any]:
         "run": [n.hostname for n in run],
         "stop": [n.hostname for n in stop],
         "short_by": max(0, instances - len(run)),
-        "agent_calls": "none: intent recorded for the engine steps to act on",
+        "agent_calls": "pending: the beat job carries out this intent on the agents",
     }
 
 

@@ -6,15 +6,22 @@ from __future__ import annotations
 from orchestrator.celery import app
 
 
+# Launches wait for engine readiness (the agent's readiness timeout): allow a few minutes; an
+# overlapping tick skips rows the running one holds (``carry_out`` locks with skip_locked).
 @app.task(
-    name="orchestrator.schedules.apply_tidal", acks_late=True, soft_time_limit=120, time_limit=150
+    name="orchestrator.schedules.apply_tidal", acks_late=True, soft_time_limit=540, time_limit=600
 )
 def apply_tidal() -> list[int]:
     """Every minute: apply the current hour of every enabled tidal schedule (a no-op for an
-    hour already applied; a skipped hour is re-tried once the kill switch or canary clears)."""
+    hour already applied; a skipped hour is re-tried once the kill switch or canary clears),
+    then carry out the hour's scale intent on the remote agents (Launch / Stop of the
+    deployment's prefill engine, once per hour; failed calls re-tried on the next tick)."""
     from console.schedules.services import tidal_apply_due
+    from orchestrator.tidalops import carry_out_all
 
-    return tidal_apply_due()
+    ids = tidal_apply_due()
+    carry_out_all(ids)
+    return ids
 
 
 @app.task(

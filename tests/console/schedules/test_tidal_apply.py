@@ -2,8 +2,9 @@
 through the deployment services (config snapshot + audit), idempotent per hour, never over an
 active kill switch or a canary in progress.
 
-Agents: none is registered in these tests; the evidence checked is the recorded scale intent
-(``TidalApplication.scale``), not an agent action."""
+Agents: none is called here (the console never calls agents); the evidence checked is the
+recorded scale intent (``TidalApplication.scale``). ``tests/orchestrator/test_tidal_agents.py``
+carries the intent out on real agents."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def test_a_simulated_day_applies_each_hours_plan_and_respects_the_kill_switch(ti
             seen_threshold.append(d.remote_prefill_threshold_tokens)
             assert row.config_version == d.version
             assert len(row.scale["run"]) == EXPECTED_REMOTE[hour]
-            assert row.scale["agent_calls"].startswith("none")
+            assert row.scale["agent_calls"].startswith("pending")
 
     assert TidalApplication.objects.filter(schedule=tidal.schedule).count() == 24
     # The share changes only when the plan changes: 0 -> 100 at hour 0, 100 -> 0 at 18,
