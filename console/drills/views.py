@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models import Prefetch
+from django.db.models import F, Prefetch, Window
+from django.db.models.functions import RowNumber
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
@@ -20,14 +21,24 @@ from console.drills.models import Drill, DrillReport
 
 #: The report's windows, by request start (``orchestrator.workflows.drill_figures.WINDOWS``).
 WINDOWS = ("before", "during", "after")
+#: Reports shown per drill on the list (the report pages hold the rest).
+RECENT_REPORTS = 5
 
 
 @page_view
 @require_GET
 def drill_list(request: HttpRequest) -> HttpResponse:
-    """Drills (``?deployment=<id>`` for one deployment's) with their five latest reports."""
+    """Drills (``?deployment=<id>`` for one deployment's) with their latest reports."""
+    # Only the latest reports of each drill are fetched (a window in SQL), however many exist.
+    latest = DrillReport.objects.annotate(
+        rank=Window(
+            RowNumber(),
+            partition_by=[F("drill_id")],
+            order_by=[F("created_at").desc(), F("id").desc()],
+        )
+    ).filter(rank__lte=RECENT_REPORTS)
     drills = selectors.drill_list().prefetch_related(
-        Prefetch("reports", queryset=DrillReport.objects.order_by("-created_at", "-id"))
+        Prefetch("reports", queryset=latest.order_by("-created_at", "-id"))
     )
     deployment = None
     raw = request.GET.get("deployment", "")
@@ -36,7 +47,7 @@ def drill_list(request: HttpRequest) -> HttpResponse:
         drills = drills.filter(deployment=deployment)
     page = paginate(request, drills)
     for drill in page.object_list:
-        drill.recent_reports = list(drill.reports.all())[:5]
+        drill.recent_reports = list(drill.reports.all())
     return render(request, "drills/drill_list.html", {"page": page, "deployment": deployment})
 
 
