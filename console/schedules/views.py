@@ -130,6 +130,7 @@ def tidal_detail(request: HttpRequest, pk: int) -> HttpResponse:
             x_title=f"hour of day ({schedule.timezone})",
             y_title="price / GPU-hour",
             height=280,
+            step=True,
         ),
         plan_chart=plan_chart(plan, list(inputs.capacity)),
         cost_chart=xy_chart(
@@ -145,6 +146,7 @@ def tidal_detail(request: HttpRequest, pk: int) -> HttpResponse:
             x_title="hour of day",
             y_title="cost / M tokens",
             height=280,
+            step=True,
         ),
         cost_rows=_cost_rows(plan),
         hours=plan["hours"],
