@@ -9,8 +9,7 @@ import pytest
 
 from console.deployments import flows
 from console.drills import services as drill_services
-from orchestrator.workflows.drill_figures import figures
-from tests.console.pages.test_drill_pages import _records
+from tests.console.pages.test_drill_pages import run_and_complete
 from tests.console.schedules.conftest import tidal  # noqa: F401  (a fixture)
 from tests.e2e.test_console_browser import _chart_points, _login
 
@@ -27,16 +26,7 @@ def test_viewer_sees_drill_report_canary_and_tidal_charts(
     drill = drill_services.drill_create(
         actor=None, name="cut", deployment=tidal.deployment, kind="link_cut"
     )
-    report = drill_services.drill_run(actor=None, drill=drill)
-    figs = figures(
-        _records(),
-        load_started_at=1000.0,
-        injected_at=1020.0,
-        restored_at=1040.0,
-        breaker={},
-        verification={},
-    )
-    drill_services.drill_report_complete(run_id=report.run_id, figures=figs)
+    report = run_and_complete(drill)
     canary = flows.canary_start(actor=None, deployment=tidal.deployment)
     make_user("viewer", username="viewer")
     base = live_server.url

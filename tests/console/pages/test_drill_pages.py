@@ -8,7 +8,7 @@ import pytest
 
 from console.drills import services
 from console.drills.charts import bucket_counts
-from console.drills.models import DrillReport
+from console.drills.models import Drill, DrillReport
 from orchestrator.workflows.drill_figures import figures
 from tests.console.pages.test_render import MAX_QUERIES
 
@@ -42,8 +42,9 @@ def drill(world):
     )
 
 
-@pytest.fixture
-def finished_report(drill):
+def run_and_complete(drill: Drill) -> DrillReport:
+    """Start ``drill`` and complete its report with the figures the workflow computes from
+    ``_records()`` (the link cut from t=20 to t=40)."""
     report = services.drill_run(actor=None, drill=drill)
     figs = figures(
         _records(),
@@ -54,6 +55,11 @@ def finished_report(drill):
         verification={"prompts": [{"tokens": 64, "match": True, "first_divergent_token": None}]},
     )
     return services.drill_report_complete(run_id=report.run_id, figures=figs)
+
+
+@pytest.fixture
+def finished_report(drill):
+    return run_and_complete(drill)
 
 
 def test_drill_list_empty_says_how_to_create_one(client_as, world, django_assert_max_num_queries):
