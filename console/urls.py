@@ -22,6 +22,8 @@ urlpatterns = [
     path("", include("console.catalog.urls")),
     path("", include("console.deployments.urls")),
     path("", include("console.runs.urls")),
+    path("", include("console.drills.urls")),
+    path("", include("console.schedules.urls")),
     path("planner/", include("console.planner.urls")),
     path("admin/", admin.site.urls),
     path("api/", include("console.api_urls")),

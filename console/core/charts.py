@@ -98,13 +98,23 @@ def xy_chart(
     log_x: bool = False,
     log_y: bool = False,
     height: int = 320,
+    step: bool = False,
 ) -> str:
-    """Lines of (x, y) points, e.g. KV bytes against prompt tokens."""
+    """Lines of (x, y) points, e.g. KV bytes against prompt tokens; ``step`` draws each value
+    flat until the next x (hourly prices)."""
     import plotly.graph_objects as go
 
     fig = go.Figure()
     for name, (xs, ys) in lines.items():
-        fig.add_trace(go.Scatter(x=list(xs), y=list(ys), name=name, mode="lines+markers"))
+        fig.add_trace(
+            go.Scatter(
+                x=list(xs),
+                y=list(ys),
+                name=name,
+                mode="lines+markers",
+                line={"shape": "hv" if step else "linear"},
+            )
+        )
     fig.update_layout(
         title={"text": title, "font": {"size": 14}},
         xaxis_title=x_title,

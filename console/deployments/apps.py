@@ -7,3 +7,10 @@ class DeploymentsConfig(AppConfig):
     name = "console.deployments"
     label = "deployments"
     verbose_name = "Deployments"
+
+    def ready(self) -> None:
+        from console.core.choices import Role
+        from console.core.nav import NavItem, nav_register
+
+        # After Runs (40), before Drills (45) and Planner (50).
+        nav_register(NavItem("Canaries", "canaries-page", Role.VIEWER, order=42))

@@ -8,22 +8,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db.models import Q
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 from console.deployments.choices import PoolRole
 from console.deployments.models import Deployment, Pool
+from console.drills.choices import ReportState
+from console.drills.models import DrillReport
 from console.inventory.choices import NodeStatus
 from console.inventory.models import Link
-from console.runs.choices import RunState
-from console.runs.models import WorkflowRun
 from console.telemetry.models import MetricSample
 from console.telemetry.services import subject_key
 
 MONITORING_FRESH = timedelta(minutes=5)
 DRILL_RECENT = timedelta(days=7)
-DRILL_KINDS = ("drill", "drill_link_cut", "drill_remote_restart")
 ENGINE_KIND = {PoolRole.DECODE: "decode-engine", PoolRole.PREFILL: "prefill-engine"}
 
 
@@ -148,17 +146,17 @@ def _monitoring(deployment: Deployment) -> Item:
 
 def _drill(deployment: Deployment) -> Item:
     title = "A fallback drill passed recently"
-    if not _api_exists("deployment-drill", deployment.pk):
+    if not _api_exists("drill-run", 0):
         return Item("drill", title, "unknown", "drills are not available in this installation yet")
-    recent = WorkflowRun.objects.filter(
-        Q(kind__in=DRILL_KINDS),
-        target_type=subject_key(deployment)[0],
-        target_id=str(deployment.pk),
-        state=RunState.SUCCEEDED,
+    # A drill's run targets the Drill, and its verdict is the report's (criteria judged), not
+    # the run's state: a run can succeed while the drill failed its criteria.
+    recent = DrillReport.objects.filter(
+        drill__deployment=deployment,
+        state=ReportState.PASSED,
         finished_at__gte=timezone.now() - DRILL_RECENT,
     ).exists()
     if recent:
-        return Item("drill", title, "pass", "a drill succeeded in the last 7 days")
+        return Item("drill", title, "pass", "a drill passed in the last 7 days")
     return Item("drill", title, "fail", "no successful drill in the last 7 days")
 
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from console.deployments import views
+from console.deployments import canary_page, views
 
 urlpatterns = [
     path("deployments/", views.deployment_list, name="deployments-page"),
@@ -11,4 +11,6 @@ urlpatterns = [
         name="deployment-page-kill-switch",
     ),
     path("deployments/<int:pk>/restore/", views.deployment_restore, name="deployment-page-restore"),
+    path("canaries/", canary_page.canary_list, name="canaries-page"),
+    path("canaries/<int:pk>/", canary_page.canary_detail, name="canary-page"),
 ]

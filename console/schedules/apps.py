@@ -8,3 +8,10 @@ class SchedulesConfig(AppConfig):
     name = "console.schedules"
     label = "schedules"
     verbose_name = "Schedules and rebalancing"
+
+    def ready(self) -> None:
+        from console.core.choices import Role
+        from console.core.nav import NavItem, nav_register
+
+        # Next to the Planner (50).
+        nav_register(NavItem("Tidal", "tidal-page-list", Role.VIEWER, order=55))

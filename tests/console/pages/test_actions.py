@@ -181,18 +181,25 @@ def test_retry_button_on_a_failed_run(client_as, pages):
     assert "hx-trigger" not in html  # a failed run is not live: no polling
 
 
-def test_workflow_buttons_appear_only_for_routed_actions(client_as, pages, settings):
+def test_workflow_buttons_appear_for_operators_when_routed(client_as, pages):
     dep = pages.world.deployment
-    before = client_as("operator").get(f"/deployments/{dep.pk}/").content.decode()
-    settings.ROOT_URLCONF = "tests.console.pages.urls_with_workflows"
 
-    after = client_as("operator").get(f"/deployments/{dep.pk}/").content.decode()
+    operator = client_as("operator").get(f"/deployments/{dep.pk}/").content.decode()
     viewer = client_as("viewer").get(f"/deployments/{dep.pk}/").content.decode()
 
-    # deploy and canary are routed API actions today; a per-deployment drill action is not.
-    assert f'hx-post="/api/deployments/{dep.pk}/deploy/"' in before
-    assert f'hx-post="/api/deployments/{dep.pk}/canary/"' in before
-    assert f'hx-post="/api/deployments/{dep.pk}/drill/"' not in before
-    assert f'hx-post="/api/deployments/{dep.pk}/drill/"' in after
+    for action in ("deploy", "canary"):  # routed by the deployments API
+        assert f'hx-post="/api/deployments/{dep.pk}/{action}/"' in operator, action
+    # Drills run from the drills page (``/api/drills/<id>/run/``), linked from here.
+    assert f'href="/drills/?deployment={dep.pk}"' in operator
     assert 'class="workflow"' not in viewer
-    assert "no successful drill in the last 7 days" in after  # drills exist: computed, fails
+    assert "no successful drill in the last 7 days" in operator  # drills exist: computed, fails
+
+
+def test_workflow_buttons_skip_actions_that_are_not_routed(settings):
+    settings.ROOT_URLCONF = "tests.console.pages.urls_with_workflows"
+    from console.deployments.views import _workflow_buttons
+
+    assert [b["label"] for b in _workflow_buttons(7)] == ["Deploy", "Start canary", "Run drill"]
+    settings.ROOT_URLCONF = "tests.console.pages.urls_only_deploy"
+
+    assert [b["url"] for b in _workflow_buttons(7)] == ["/api/deployments/7/deploy/"]

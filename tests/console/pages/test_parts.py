@@ -63,7 +63,7 @@ def test_readiness_is_unknown_where_no_data_source_exists(world):
     assert "not probed" in items["wan"].detail
     assert items["certificates"].state == "unknown"
     assert items["monitoring"].state == "fail"
-    assert items["drill"].state == "unknown"  # drills are not installed yet
+    assert items["drill"].state == "fail"  # no drill report passed
     assert not any(i.state == "pass" for i in items.values())
 
 
@@ -95,8 +95,27 @@ def test_readiness_passes_from_real_state(world):
         "wan": "pass",
         "certificates": "pass",
         "monitoring": "pass",
-        "drill": "unknown",
+        "drill": "fail",  # no drill yet: the one item real state alone cannot pass
     }
+
+
+def test_readiness_drill_passes_from_a_passed_report_only(world):
+    from console.drills import services as drill_services
+
+    drill = drill_services.drill_create(
+        actor=None, name="cut", deployment=world.deployment, kind="link_cut"
+    )
+    report = drill_services.drill_run(actor=None, drill=drill)
+    pools = list(world.deployment.pools.all())
+    assert {i.key: i.state for i in readiness(world.deployment, pools)}["drill"] == "fail"
+
+    report.state, report.finished_at = "failed", timezone.now()
+    report.save()
+    assert {i.key: i.state for i in readiness(world.deployment, pools)}["drill"] == "fail"
+
+    report.state = "passed"
+    report.save()
+    assert {i.key: i.state for i in readiness(world.deployment, pools)}["drill"] == "pass"
 
 
 def test_heartbeats_record_history_for_the_node_page(world, client_as):

@@ -1,5 +1,5 @@
-"""A URL map with an extra per-deployment drill API action: the deployment page must show a
-button for every routed action (and the readiness drill item must be computed)."""
+"""A URL map with deploy / canary / drill API actions, as those features will add them: the
+deployment page must show their buttons (and the readiness drill item must be computed)."""
 
 from django.http import HttpRequest, JsonResponse
 from django.urls import include, path
@@ -10,6 +10,7 @@ def _accepted(request: HttpRequest, pk: int) -> JsonResponse:
 
 
 urlpatterns = [
+    path("api/deployments/<int:pk>/deploy/", _accepted, name="deployment-deploy"),
     path("api/deployments/<int:pk>/drill/", _accepted, name="deployment-drill"),
     path("", include("console.urls")),
 ]

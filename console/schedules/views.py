@@ -1,0 +1,154 @@
+"""Tidal pages: every tidal schedule, and one schedule's 24-hour plan from the what-if
+service (``services.tidal_inputs`` + ``policy.day_plan``, the same as ``GET
+/api/tidal-schedules/<id>/what-if/``; nothing is written): prices per site by hour, the
+planned remote instances and remote share by hour against the capacity window, and the cost
+per million tokens against the all-local and always-remote schedules. Blocking (the plan
+sweeps the planner grid per candidate count); a schedule whose inputs do not plan shows the
+field at fault instead of an error page."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET
+
+from console.core.charts import _html, xy_chart
+from console.core.pages import page_view, paginate
+from console.schedules import policy, services
+from console.schedules.models import TidalSchedule
+
+HOURS = list(range(24))
+BASELINES = (
+    ("tidal", "tidal plan"),
+    ("all_local", "all local"),
+    ("always_remote", "always remote"),
+)
+
+
+def _schedules() -> Any:
+    return TidalSchedule.objects.select_related("deployment", "remote_site", "local_site")
+
+
+@page_view
+@require_GET
+def tidal_list(request: HttpRequest) -> HttpResponse:
+    """Tidal schedules, one per deployment; ``?deployment=<id>`` (the deployment page's link)
+    goes straight to that deployment's schedule, or says it has none."""
+    schedules = _schedules()
+    raw = request.GET.get("deployment", "")
+    if raw.isdigit():
+        schedules = schedules.filter(deployment_id=int(raw))
+        mine = schedules.first()
+        if mine is not None:
+            return HttpResponseRedirect(reverse("tidal-page", args=[mine.pk]))
+    return render(
+        request,
+        "schedules/tidal_list.html",
+        {"page": paginate(request, schedules), "filtered": raw.isdigit()},
+    )
+
+
+def plan_chart(plan: dict[str, Any], capacity: list[int]) -> str:
+    """Planned remote instances per hour (bars) against the capacity window, and the share
+    of requests prefilled remotely (line, right axis)."""
+    import plotly.graph_objects as go  # heavy import, only for pages that draw
+
+    hours = plan["hours"]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Bar(x=HOURS, y=[h["remote_instances"] for h in hours], name="remote instances")
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=HOURS,
+            y=capacity,
+            name="capacity",
+            mode="lines",
+            line={"shape": "hvh", "dash": "dash", "color": "#6e7781"},
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=HOURS,
+            y=[round(100 * (h["offload_share"] or 0.0), 1) for h in hours],
+            name="remote share of requests %",
+            mode="lines+markers",
+            yaxis="y2",
+            line={"color": "#1f6feb"},
+        )
+    )
+    fig.update_layout(
+        title={"text": "Planned remote prefill", "font": {"size": 14}},
+        xaxis={"title": "hour of day", "dtick": 2},
+        yaxis={"title": "instances", "rangemode": "tozero"},
+        yaxis2={"title": "%", "overlaying": "y", "side": "right", "range": [0, 100]},
+        height=300,
+        margin={"l": 55, "r": 55, "t": 40, "b": 40},
+        legend={"orientation": "h", "y": -0.25},
+        template="plotly_white",
+    )
+    return _html(fig)
+
+
+def _cost_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    totals = plan["totals"]
+    saving = {"all_local": plan["saving"]["vs_all_local"]}
+    saving["always_remote"] = plan["saving"]["vs_always_remote"]
+    return [
+        {"key": key, "label": label, **totals[key], "tidal_saving": saving.get(key)}
+        for key, label in BASELINES
+    ]
+
+
+@page_view
+@require_GET
+def tidal_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One schedule's day: price, plan and cost charts and the cost comparison table."""
+    schedule = get_object_or_404(_schedules(), pk=pk)
+    context: dict[str, Any] = {"schedule": schedule, "error": None}
+    try:
+        inputs = services.tidal_inputs(schedule)
+        plan = policy.day_plan(inputs)
+    except ValidationError as exc:  # a stored input that no longer validates, by field
+        context["error"] = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
+        return render(request, "schedules/tidal_detail.html", context)
+    except ValueError as exc:  # policy.check_inputs names the table
+        context["error"] = str(exc)
+        return render(request, "schedules/tidal_detail.html", context)
+    context.update(
+        plan=plan,
+        price_chart=xy_chart(
+            title="GPU-hour price per site",
+            lines={
+                f"{schedule.remote_site.name} (remote)": (HOURS, inputs.remote_prices),
+                f"{schedule.local_site.name} (local)": (HOURS, inputs.local_prices),
+            },
+            x_title=f"hour of day ({schedule.timezone})",
+            y_title="price / GPU-hour",
+            height=280,
+            step=True,
+        ),
+        plan_chart=plan_chart(plan, list(inputs.capacity)),
+        cost_chart=xy_chart(
+            title="Cost per million tokens by hour",
+            lines={
+                label: (HOURS, [h["cost_per_million_tokens"] for h in plan[key]])
+                for key, label in (
+                    ("hours", "tidal plan"),
+                    ("all_local", "all local"),
+                    ("always_remote", "always remote"),
+                )
+            },
+            x_title="hour of day",
+            y_title="cost / M tokens",
+            height=280,
+            step=True,
+        ),
+        cost_rows=_cost_rows(plan),
+        hours=plan["hours"],
+    )
+    return render(request, "schedules/tidal_detail.html", context)
