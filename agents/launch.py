@@ -8,6 +8,7 @@ engine code only when a child of that engine is launched.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import hashlib
 import importlib
@@ -65,7 +66,7 @@ class LaunchPlan:
     cwd: str | None = None
 
 
-class ChildAdapter:
+class ChildAdapter(abc.ABC):
     """Builds the launch plan of one engine or component.
 
     Contract: called by the supervisor on the event loop for every (re)launch, so it must not
@@ -73,8 +74,9 @@ class ChildAdapter:
     start anything itself.
     """
 
+    @abc.abstractmethod
     def plan(self, spec: ChildSpec, port: int, snapshot_path: str) -> LaunchPlan:
-        raise NotImplementedError
+        """See the class docstring."""
 
 
 class CustomEngineAdapter(ChildAdapter):

@@ -7,6 +7,7 @@ shutdown and on agent start (whatever a crashed agent left behind).
 
 from __future__ import annotations
 
+import abc
 import importlib
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -68,7 +69,7 @@ class FaultContext:
         self.toxics: dict[str, list[Toxic]] = {}
 
 
-class FaultInjector:
+class FaultInjector(abc.ABC):
     """Applies and restores one kind of fault.
 
     Contract: called by the FaultManager on the event loop. ``prepare`` validates params and
@@ -78,14 +79,17 @@ class FaultInjector:
     Failures raise :class:`FaultError`.
     """
 
+    @abc.abstractmethod
     def prepare(self, fault: Fault, ctx: FaultContext) -> None:
-        raise NotImplementedError
+        """See the class docstring."""
 
+    @abc.abstractmethod
     async def apply(self, fault: Fault, ctx: FaultContext) -> None:
-        raise NotImplementedError
+        """See the class docstring."""
 
+    @abc.abstractmethod
     async def restore(self, fault: Fault, ctx: FaultContext) -> None:
-        raise NotImplementedError
+        """See the class docstring."""
 
 
 INJECTORS: dict[str, str] = {
