@@ -29,26 +29,14 @@ from typing import Any
 
 from agents.engines.verify import make_prompt
 from grpc_kv.api import create_ca, create_node_cert
+from pdbridge.testbed_rows import MODELS
 from tests.agents.conftest import AgentProc, free_port, start_agent
 from tests.support import subprocess_env, unavailable
 
 MODEL = "qwen3-next"
 SERVED = "tiny"
-ARCH = {  # what the catalog says about the model (the capacity baseline reads it)
-    "dtype_bytes": 4,
-    "layers": [
-        {"kind": "full", "count": 1, "kv_heads": 2, "head_dim": 16},
-        {
-            "kind": "linear",
-            "count": 3,
-            "num_heads": 2,
-            "key_head_dim": 16,
-            "value_head_dim": 16,
-            "conv_dim": 96,
-            "conv_kernel": 4,
-        },
-    ],
-}
+# What the catalog says about the model (the capacity baseline reads it): the testbed's own.
+ARCH = MODELS[MODEL].architecture
 
 
 @dataclass
