@@ -5,8 +5,10 @@
   ``tls.ca``; the interceptor then admits only identities (CN or DNS SAN) in
   ``tls.allowed_identities``. ``--insecure`` (explicit) serves plaintext, no allowlist.
 * Deadlines: a call without one runs under ``default_deadline_s``.
-* Idempotency: mutating calls require a ``request_id``; a retry with the same id gets the
-  first call's answer (or waits for it); the same id with a different request is refused.
+* Idempotency: mutating calls require a ``request_id``; each runs once and to its end even
+  when its caller goes away (killed, deadline passed); a retry with the same id gets the first
+  call's answer (or waits for it while it is still in progress); the same id with a different
+  request is refused.
 * Errors: LaunchError / FaultError become their gRPC status with a message naming the field;
   anything else is INTERNAL with a generic message (the traceback stays in the agent log).
 """
@@ -69,25 +71,63 @@ def dict_to_struct(data: dict[str, Any]) -> Struct:
 
 
 class IdempotencyCache:
-    """Answers of mutating calls by (method, request id), kept ``ttl`` seconds (bounded)."""
+    """Mutating calls by (method, request id): each runs once, to completion, and its answer is
+    kept ``ttl`` seconds after it finished (bounded by ``limit`` entries).
+
+    A mutating call runs as a task of its own, not as part of the RPC that asked for it: when
+    the caller goes away (its process killed, its deadline passed) the operation goes on, and
+    the caller's retry with the same request id -- while it is still in progress or after it
+    finished -- waits for and gets *that* operation's outcome. That is what makes a Launch
+    at-most-once: a worker killed mid-Launch must not leave the resumed step starting the
+    engine a second time. A call that failed is forgotten, so a retry runs it again.
+    """
 
     def __init__(self, ttl: float, limit: int = 4096) -> None:
         self.ttl = ttl
         self.limit = limit
-        self._entries: OrderedDict[tuple[str, str], tuple[float, str, asyncio.Future[Message]]] = (
+        # (method, request id) -> (finished at or started at, request digest, operation)
+        self._entries: OrderedDict[tuple[str, str], tuple[float, str, asyncio.Task[Message]]] = (
             OrderedDict()
         )
 
+    def in_flight(self) -> list[asyncio.Task[Message]]:
+        """Operations still running (the daemon cancels them at shutdown)."""
+        return [task for _, _, task in self._entries.values() if not task.done()]
+
+    def _prune(self, now: float) -> None:
+        # Oldest first; an entry still in flight stops the scan (it expires after it ends).
+        while self._entries:
+            stamp, _, task = next(iter(self._entries.values()))
+            if not task.done() or stamp >= now - self.ttl:
+                break
+            self._entries.popitem(last=False)
+        while len(self._entries) > self.limit:
+            self._entries.popitem(last=False)
+
+    def _finished(self, key: tuple[str, str], task: asyncio.Task[Message]) -> None:
+        entry = self._entries.get(key)
+        if entry is None or entry[2] is not task:
+            return
+        if task.cancelled() or task.exception() is not None:
+            del self._entries[key]  # a failed call may be retried with the same id
+        else:
+            self._entries[key] = (time.monotonic(), entry[1], task)
+            self._entries.move_to_end(key)
+
     async def run(
-        self, method: str, request: Message, call: Callable[[], Awaitable[Message]]
+        self,
+        method: str,
+        request: Message,
+        call: Callable[[], Awaitable[Message]],
+        timeout: float,
     ) -> Message:
+        """The outcome of ``call`` for this request id, waiting at most ``timeout`` seconds
+        (TimeoutError after that; the operation itself goes on)."""
         request_id = getattr(request, "request_id", "")
         if not request_id:
             raise LaunchError("request_id", "required on mutating calls (retries reuse it)")
         digest = hashlib.sha256(request.SerializeToString(deterministic=True)).hexdigest()
-        now = time.monotonic()
-        while self._entries and next(iter(self._entries.values()))[0] < now - self.ttl:
-            self._entries.popitem(last=False)
+        self._prune(time.monotonic())
         key = (method, request_id)
         entry = self._entries.get(key)
         if entry is not None:
@@ -96,24 +136,21 @@ class IdempotencyCache:
                     "request_id",
                     f"{request_id!r} was already used for a different {method} request",
                 )
-            return await asyncio.shield(entry[2])
-        future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self._entries[key] = (now, digest, future)
-        while len(self._entries) > self.limit:
-            self._entries.popitem(last=False)
-        try:
-            result = await call()
-        except BaseException as exc:
-            # A failed call may be retried with the same id: forget it.
-            self._entries.pop(key, None)
-            if not future.done():
-                future.set_exception(
-                    exc if isinstance(exc, Exception) else RuntimeError("cancelled")
-                )
-                future.exception()  # mark retrieved
-            raise
-        future.set_result(result)
-        return result
+            task = entry[2]
+            log.info(
+                "agent.request_repeated",
+                extra={"method": method, "request_id": request_id, "in_flight": not task.done()},
+            )
+        else:
+
+            async def operation() -> Message:
+                return await call()
+
+            task = asyncio.create_task(operation(), name=f"{method}-{request_id}")
+            self._entries[key] = (time.monotonic(), digest, task)
+            task.add_done_callback(lambda done: self._finished(key, done))
+        # shield: the caller's cancellation or deadline ends its wait, not the operation.
+        return await asyncio.wait_for(asyncio.shield(task), timeout)
 
 
 def _child_pb(child: Child) -> Any:
@@ -252,19 +289,22 @@ class ControlInterceptor(grpc.aio.ServerInterceptor):
                 remaining = context.time_remaining()
                 timeout = remaining if remaining is not None else self.default_deadline
 
-                async def call() -> Message:
-                    result: Message = await asyncio.wait_for(inner(request, context), timeout)
-                    return result
-
                 if method in MUTATING:
-                    return await self.cache.run(method, request, call)
-                return await call()
+                    # Runs to its end even if this caller goes away; see IdempotencyCache.
+                    return await self.cache.run(
+                        method, request, lambda: inner(request, context), timeout
+                    )
+                result: Message = await asyncio.wait_for(inner(request, context), timeout)
+                return result
             except (LaunchError, FaultError) as exc:
                 code = grpc.StatusCode[exc.code]
                 await context.abort(code, str(exc))
             except TimeoutError:
                 code = grpc.StatusCode.DEADLINE_EXCEEDED
-                await context.abort(code, f"{method} did not finish within its deadline")
+                detail = f"{method} did not finish within its deadline"
+                if method in MUTATING:
+                    detail += "; it goes on: retry with the same request_id for its outcome"
+                await context.abort(code, detail)
             except grpc.aio.AbortError:
                 raise
             except Exception:

@@ -104,6 +104,9 @@ class AgentService:
         # start takes minutes), the same name is serialized.
         self._locks: dict[str, asyncio.Lock] = {}
         self._launching: set[str] = set()
+        # Launches in progress (they outlive their caller: see grpc_api.IdempotencyCache);
+        # shutdown cancels them so that no child starts after the agent stopped its children.
+        self._launch_tasks: set[asyncio.Task[Any]] = set()
         self._http: aiohttp.ClientSession | None = None
         self._heartbeat: asyncio.Task[None] | None = None
         self._runner: web.AppRunner | None = None
@@ -156,12 +159,18 @@ class AgentService:
             self.metrics_port = sockets[0].getsockname()[1] if sockets else port
 
     async def shutdown(self) -> None:
-        """Restore faults, stop every child gracefully, stop beating."""
+        """Cancel launches in progress, restore faults, stop every child gracefully, stop
+        beating."""
+        for task in list(self._launch_tasks):
+            task.cancel()
+        await asyncio.gather(*self._launch_tasks, return_exceptions=True)
         await self.faults.close()
         await asyncio.gather(
             *(child.stop() for child in self.children.values()), return_exceptions=True
         )
         self.children.clear()
+        # Children of cancelled launches are stopped in the background: let them finish.
+        await asyncio.gather(*self._background, return_exceptions=True)
         if self._heartbeat is not None:
             self._heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -203,12 +212,19 @@ class AgentService:
         child is started and healthy before the old one stops). A child that cannot become
         healthy raises LaunchError (DEADLINE_EXCEEDED / ABORTED) and is not kept."""
         validate_spec(spec)
-        async with self._lock_for(spec.name):
-            self._launching.add(spec.name)
-            try:
-                return await self._launch_locked(spec)
-            finally:
-                self._launching.discard(spec.name)
+        task = asyncio.current_task()
+        if task is not None:
+            self._launch_tasks.add(task)
+        try:
+            async with self._lock_for(spec.name):
+                self._launching.add(spec.name)
+                try:
+                    return await self._launch_locked(spec)
+                finally:
+                    self._launching.discard(spec.name)
+        finally:
+            if task is not None:
+                self._launch_tasks.discard(task)
 
     def _lock_for(self, name: str) -> asyncio.Lock:
         return self._locks.setdefault(name, asyncio.Lock())
@@ -243,8 +259,9 @@ class AgentService:
         try:
             settled = await child.wait_settled(self.config.supervision.readiness_timeout_s + 5)
         except asyncio.CancelledError:
-            # The caller gave up (its deadline passed): a child nobody tracks must not
-            # keep running. Stopped in the background; the cancellation goes on.
+            # Only the agent's shutdown cancels a launch (a caller that goes away does not:
+            # see grpc_api.IdempotencyCache). A child nobody tracks must not keep running:
+            # stopped in the background; the cancellation goes on.
             self._in_background(child.stop(grace=2))
             raise
         if not settled or child.state != "running":

@@ -165,21 +165,30 @@ def _value(text: str, name: str) -> float:
 def test_call_without_deadline_gets_the_default_and_leaves_nothing_running(
     agent_factory: Callable[..., AgentProc], tmp_path: Path
 ) -> None:
-    agent = agent_factory(agent_config(tmp_path, None, default_deadline_s=1.5))
+    # The engine never becomes ready within readiness_timeout_s: the launch, which goes on
+    # after its caller's deadline, ends by stopping it.
+    config = agent_config(
+        tmp_path, None, default_deadline_s=1.5, supervision={"readiness_timeout_s": 3}
+    )
+    agent = agent_factory(config)
     request = pb.LaunchRequest(
         request_id="slow-1", name="slow", kind="decode-engine", engine="slow"
     )
     with pytest.raises(grpc.RpcError) as err:
         stub(agent, None).Launch(request)  # no client deadline: the agent's default applies
     assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert err.value.details() == "Launch did not finish within its deadline"
+    assert err.value.details() == (
+        "Launch did not finish within its deadline; "
+        "it goes on: retry with the same request_id for its outcome"
+    )
     assert list(stub(agent, None).Status(pb.StatusRequest(), timeout=T).children) == []
     events = [
         json.loads(line) for line in agent.log_path.read_text().splitlines() if line.startswith("{")
     ]
     spawned = [e["pid"] for e in events if e["event"] == "agent.child_spawned"]
     assert len(spawned) == 1
-    wait_for(lambda: not pid_alive(spawned[0]), 10)
+    wait_for(lambda: not pid_alive(spawned[0]), 15)
+    assert list(stub(agent, None).Status(pb.StatusRequest(), timeout=T).children) == []
 
 
 def _ctl(agent: AgentProc, *args: str) -> subprocess.CompletedProcess[str]:

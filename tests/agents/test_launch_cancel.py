@@ -1,30 +1,36 @@
 """A Launch whose caller goes away mid-start (the orchestrator's worker killed, its deadline
-passed) leaves no untracked process: the child it started is stopped, and the caller's retry
-with the same request runs exactly one child on the pinned port (what the deployment
-workflow's resumed step relies on)."""
+passed) goes on to its end; the caller's retry with the same request id -- while the launch is
+still in progress, or after it finished -- gets that launch's outcome, and the engine is
+started exactly once (what the deployment workflow's resumed step relies on). The agent's own
+shutdown cancels a launch in progress and leaves no process behind."""
 
 from __future__ import annotations
 
 import json
 import os
-import time
+from pathlib import Path
+from typing import Any
 
+import grpc
+import pytest
 from google.protobuf.struct_pb2 import Struct
 
 from agents.proto.api import pb
-from tests.agents.conftest import HEALTHSERVER, agent_config, free_port, pid_alive, stub, wait_for
+from tests.agents.conftest import (
+    HEALTHSERVER,
+    agent_config,
+    command_pids,
+    free_port,
+    pid_alive,
+    stub,
+    wait_for,
+)
 
 
-def test_cancelled_launch_leaves_no_orphan_and_the_retry_runs_one_child(
-    agent_factory, pki, tmp_path
-):
-    config = agent_config(tmp_path, pki)
-    config["engines"]["slow"] = {"argv": [*HEALTHSERVER, "--start-delay", "{settings.delay}"]}
-    agent = agent_factory(config)
-    api = stub(agent, pki)
+def _slow_request(delay: float) -> Any:
     settings = Struct()
-    settings.update({"delay": 2.0, "port": free_port()})
-    request = pb.LaunchRequest(
+    settings.update({"delay": delay, "port": free_port()})
+    return pb.LaunchRequest(
         request_id=os.urandom(8).hex(),
         name="slow-1",
         kind="prefill-engine",
@@ -32,22 +38,72 @@ def test_cancelled_launch_leaves_no_orphan_and_the_retry_runs_one_child(
         settings=settings,
     )
 
+
+def _events(log_path: Path, event: str) -> list[dict[str, Any]]:
+    lines = log_path.read_text().splitlines()
+    return [e for e in (json.loads(x) for x in lines if x.startswith("{")) if e["event"] == event]
+
+
+@pytest.fixture
+def slow_agent(agent_factory, pki, tmp_path):
+    config = agent_config(tmp_path, pki)
+    config["engines"]["slow"] = {"argv": [*HEALTHSERVER, "--start-delay", "{settings.delay}"]}
+    return agent_factory(config)
+
+
+def test_launch_whose_caller_goes_away_goes_on_and_the_retry_in_flight_gets_its_child(
+    slow_agent, pki
+):
+    api = stub(slow_agent, pki)
+    request = _slow_request(delay=3.0)
+
     call = api.Launch.future(request, timeout=30)
-    time.sleep(0.7)  # the child is starting
+    wait_for(lambda: _events(slow_agent.log_path, "agent.child_spawned"), 10)
     call.cancel()  # what the agent sees when the caller's process dies
-    time.sleep(2.5)  # the abandoned child is stopped (grace 2 s) and frees its port
-    retried = api.Launch(request, timeout=30)
+    retried = api.Launch(request, timeout=30)  # the resumed caller: the launch is in flight
 
     assert call.cancelled()
-    assert retried.child.state == "running"
+    assert (retried.action, retried.child.state) == ("started", "running")
     status = api.Status(pb.StatusRequest(), timeout=10)
     assert [(c.name, c.pid, c.restarts) for c in status.children] == [
         ("slow-1", retried.child.pid, 0)
     ]
-    events = [
-        json.loads(line) for line in agent.log_path.read_text().splitlines() if line.startswith("{")
-    ]
-    spawned = [e["pid"] for e in events if e["event"] == "agent.child_spawned"]
-    assert len(spawned) == 2
-    wait_for(lambda: not pid_alive(spawned[0]), 10)
-    assert pid_alive(spawned[1])
+    spawned = [e["pid"] for e in _events(slow_agent.log_path, "agent.child_spawned")]
+    assert spawned == [retried.child.pid]
+    [repeated] = _events(slow_agent.log_path, "agent.request_repeated")
+    assert (repeated["method"], repeated["request_id"]) == ("Launch", request.request_id)
+    assert repeated["in_flight"] is True
+
+
+def test_launch_past_its_deadline_goes_on_and_a_later_retry_gets_its_outcome(slow_agent, pki):
+    api = stub(slow_agent, pki)
+    request = _slow_request(delay=2.0)
+
+    with pytest.raises(grpc.RpcError) as err:
+        api.Launch(request, timeout=0.8)
+    running = wait_for(
+        lambda: [c for c in api.Status(pb.StatusRequest(), timeout=10).children if c.pid], 20
+    )
+    retried = api.Launch(request, timeout=30)
+
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert (retried.action, retried.child.pid) == ("started", running[0].pid)
+    spawned = [e["pid"] for e in _events(slow_agent.log_path, "agent.child_spawned")]
+    assert spawned == [running[0].pid]
+    [repeated] = _events(slow_agent.log_path, "agent.request_repeated")
+    assert repeated["in_flight"] is False
+
+
+def test_agent_shutdown_cancels_a_launch_in_progress_and_leaves_no_process(slow_agent, pki):
+    api = stub(slow_agent, pki)
+    call = api.Launch.future(_slow_request(delay=60.0), timeout=90)
+    [spawned] = wait_for(lambda: _events(slow_agent.log_path, "agent.child_spawned"), 10)
+    engine_pids = wait_for(lambda: command_pids(spawned["pid"]), 10)
+
+    code = slow_agent.terminate()
+
+    assert code == 0
+    assert not pid_alive(spawned["pid"])
+    assert not any(pid_alive(pid) for pid in engine_pids)
+    with pytest.raises(grpc.RpcError):
+        call.result(timeout=10)
