@@ -7,10 +7,13 @@ is blocking (it runs the async agent client on a private event loop) and raises
 settings cannot be turned into a launch: the message names the ``engine_settings`` key).
 
 Idempotency: a child's name is fixed per deployment and role (``dep<id>-prefill`` ...) and its
-``Launch`` request id is derived from the run, the step, the node and the launch settings, so a
-step re-executed after its worker died sends the *same* request: the agent answers it from its
-request-id cache, or (cache expired) finds the same child with the same spec and answers
-``unchanged``. Either way one engine runs, not two.
+``Launch`` request id is derived from the run, the step's execution (``StepContext.execution``),
+the node, the child and the launch settings, so a step re-executed after its worker died sends
+the *same* request: the agent, which runs a Launch to its end even when its caller died, answers
+it with that Launch's outcome -- also while it is still starting -- or (cache expired) finds
+the same child with the same spec and answers ``unchanged``. Either way the engine is started
+once. An operator's retry of the step is a new execution: its requests are new, so the agent
+re-checks the child (and relaunches a ``failed`` one) instead of repeating an old answer.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from django.conf import settings
 
 from agents.client import AgentClient
 from grpc_kv.tls import TLSConfig
+from orchestrator.steps import StepContext
 
 T = TypeVar("T")
 
@@ -198,10 +202,11 @@ def child_name(deployment_id: int, part: str) -> str:
     return f"dep{deployment_id}-{part}"
 
 
-def request_id(run_id: int, step: str, target: Target, name: str, body: Any) -> str:
-    """Stable per (run, step, node, child, settings): a re-executed step repeats the request."""
+def request_id(ctx: StepContext, target: Target, name: str, body: Any) -> str:
+    """Stable per (run, step execution, node, child, settings): a step resumed after its worker
+    died repeats the request; an operator's retry (a new execution) sends a new one."""
     digest = hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
-    return f"run{run_id}-{step}-{target.hostname}-{name}-{digest[:16]}"
+    return f"run{ctx.run_id}-{ctx.step_name}-{ctx.execution}-{target.hostname}-{name}-{digest[:16]}"
 
 
 def call(target: Target, fn: Callable[[AgentClient], Awaitable[T]]) -> T:

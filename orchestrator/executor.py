@@ -48,6 +48,15 @@ class _Heartbeat(threading.Thread):
             connection.close()
 
 
+def execution_key(step: StepRun) -> str:
+    """Names one execution of a step: its row and the time it was claimed from ``pending``.
+    A resume after a dead worker and a Wait re-check keep ``started_at`` (the step stays
+    ``running``); an operator's retry sets the step back to ``pending``, so its claim sets a new
+    one."""
+    started = step.started_at
+    return f"s{step.pk}.{int(started.timestamp() * 1000) if started else 0}"
+
+
 def advance(run_id: int) -> dict[str, Any]:
     """Claim and execute the run's next step, if any is due. Returns what happened (for logs
     and task results); never raises for a step's failure (that is recorded on the step)."""
@@ -60,6 +69,7 @@ def advance(run_id: int) -> dict[str, Any]:
 
     run = WorkflowRun.objects.get(pk=claim.run_id)
     steps = {s.name: s for s in run.steps.all()}
+    step = steps[claim.name]
     ctx = StepContext(
         run_id=run.pk,
         kind=run.kind,
@@ -70,8 +80,9 @@ def advance(run_id: int) -> dict[str, Any]:
         step_name=claim.name,
         attempt=claim.attempt,
         resumed=claim.resumed,
-        evidence=dict(steps[claim.name].evidence),
+        evidence=dict(step.evidence),
         previous={s.name: s.evidence for s in steps.values() if s.index < claim.index},
+        execution=execution_key(step),
     )
     if claim.resumed:
         ctx.log(f"resumed after its worker stopped (attempt {claim.attempt})")

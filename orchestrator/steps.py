@@ -29,6 +29,10 @@ class StepContext:
     resumed: bool
     evidence: dict[str, Any]  # what this step recorded on its previous call (Wait / resume)
     previous: dict[str, dict[str, Any]]  # evidence of earlier steps, by step name
+    # This execution of the step: the same across its Wait re-checks and a resume after its
+    # worker died, new when an operator retries the step. Agent request ids derive from it, so
+    # a resumed step repeats its requests (the agent answers them once) while a retry asks anew.
+    execution: str = ""
     log_lines: list[str] = field(default_factory=list)
 
     def log(self, message: str) -> None:

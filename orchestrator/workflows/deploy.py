@@ -97,7 +97,7 @@ def _kv_link(ctx: StepContext, deployment: Deployment, decode: Target) -> dict[s
     _, port = decode.kv_link_address.rsplit(":", 1)
     launch_settings = {"host": str(decode.settings.get("host") or "127.0.0.1"), "port": int(port)}
     name = agentops.child_name(deployment.pk, "kvlink")
-    rid = agentops.request_id(ctx.run_id, "kv_link", decode, name, launch_settings)
+    rid = agentops.request_id(ctx, decode, name, launch_settings)
     return agentops.launch(
         decode, kind="kv-link", name=name, launch_settings=launch_settings, rid=rid
     )
@@ -153,7 +153,7 @@ def _launch_pool(ctx: StepContext, deployment: Deployment, role: str) -> list[di
     for target in agentops.targets(config, role):
         engine, launch_settings = agentops.engine_launch_settings(target, config)
         name = agentops.child_name(deployment.pk, role)
-        rid = agentops.request_id(ctx.run_id, ctx.step_name, target, name, launch_settings)
+        rid = agentops.request_id(ctx, target, name, launch_settings)
         result = agentops.launch(
             target, kind=kind, name=name, engine=engine, launch_settings=launch_settings, rid=rid
         )
@@ -295,7 +295,7 @@ def gateway(ctx: StepContext) -> StepResult:
         }
         # No config_version in the request: the gateway polls the console for the current one,
         # so the canary's share changes reach it without a relaunch.
-        rid = agentops.request_id(ctx.run_id, "gateway", target, name, launch_settings)
+        rid = agentops.request_id(ctx, target, name, launch_settings)
         launched = agentops.launch(
             target,
             kind="gateway",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +52,9 @@ class World:
         self.console: topo.Console | None = None
         self.agents: dict[str, Any] = {}
         self.deployment_id = 0
+        # While this file exists, a reference engine the remote agent starts waits before it
+        # runs (so a test can hold a Launch in progress); absent by default.
+        self.engine_hold = tmp / "remote-engine.hold"
 
     @property
     def deployment(self) -> Deployment:
@@ -73,6 +77,12 @@ class World:
     def children(self, site: str) -> dict[str, Any]:
         status = self.agent_call(site, lambda a: a.status())
         return {c.name: c for c in status.children}
+
+    def agent_events(self, site: str, event: str) -> list[dict[str, Any]]:
+        """The site agent's structured log lines of one event."""
+        lines = self.agents[site].log_path.read_text().splitlines()
+        parsed = (json.loads(line) for line in lines if line.startswith("{"))
+        return [e for e in parsed if e["event"] == event]
 
     @property
     def gateway_url(self) -> str:
@@ -147,6 +157,11 @@ def _rows(world: World) -> None:
         config = topo.agent_config(
             world.tmp / site, pki, site, world.console.url, token_file, proxies
         )
+        if site == "remote":
+            held = 'while [ -e "$0" ]; do sleep 0.1; done; exec "$@"'
+            config["engine_executables"] = {
+                "reference": ["sh", "-c", held, str(world.engine_hold), *topo.PDBRIDGE_CLI]
+            }
         agent = topo.start_site_agent(world.tmp / site, config)
         world.agents[site] = agent
         node_update(actor=None, node=node, agent_address=agent.address)
@@ -258,20 +273,39 @@ def test_deploy_from_nothing_to_full_share_with_evidence_and_a_worker_killed_mid
     start_worker, db_open
 ):
     world = db_open
-    first = start_worker(stale_s=3)
-    run = flows.deployment_deploy(actor=None, deployment=world.deployment, params=PARAMS)
-    wait_for(
-        lambda: steps_of(run.pk)["remote_prefill"].state == "running",
-        what="step 3 running",
-    )
-    time.sleep(1.0)  # the Launch is in flight on the remote agent
+    prefill_name = f"dep{world.deployment_id}-prefill"
+    world.engine_hold.touch()  # the prefill engine's start waits: step 3's Launch stays open
+    try:
+        first = start_worker(stale_s=3)
+        run = flows.deployment_deploy(actor=None, deployment=world.deployment, params=PARAMS)
+        wait_for(
+            lambda: [
+                e
+                for e in world.agent_events("remote", "agent.child_spawned")
+                if e["child"] == prefill_name
+            ],
+            what="the remote agent is inside step 3's Launch (engine spawned, not ready)",
+        )
+        assert steps_of(run.pk)["remote_prefill"].state == "running"
 
-    first.kill9()
-    start_worker(stale_s=3)
-    time.sleep(3.5)  # the dead worker's heartbeat goes stale
-    from orchestrator.tasks.runs import resume_stalled  # the beat job, sent as a task
+        first.kill9()
+        start_worker(stale_s=3)
+        time.sleep(3.5)  # the dead worker's heartbeat goes stale
+        from orchestrator.tasks.runs import resume_stalled  # the beat job, sent as a task
 
-    resume_stalled.delay()
+        resume_stalled.delay()
+        # The resumed step repeats its Launch while the first one is still starting.
+        [repeated] = wait_for(
+            lambda: [
+                e
+                for e in world.agent_events("remote", "agent.request_repeated")
+                if e["method"] == "Launch"
+            ],
+            timeout=60,
+            what="the resumed step's Launch reaches the remote agent while the first is open",
+        )
+    finally:
+        world.engine_hold.unlink(missing_ok=True)
     with topo.Traffic(world.gateway_url, world.pki.ssl_context()) as traffic:
         wait_for(lambda: ended(run.pk), timeout=600, what="deploy run ends")
     assert run_of(run.pk).state == "succeeded", describe(run.pk)
@@ -296,15 +330,23 @@ def test_deploy_from_nothing_to_full_share_with_evidence_and_a_worker_killed_mid
     assert [s.name for s in canary.steps.order_by("index")] == ["share_50", "share_100"]
     dep = world.deployment
     assert (dep.state, dep.remote_share_percent) == ("active", 100)
-    # The killed step was resumed, and its side effect happened once: one prefill engine.
+    # The killed step was resumed, and its side effect happened once: the prefill engine was
+    # started once, and the resumed step got the first Launch's answer for the same request.
     prefill = steps["remote_prefill"]
     assert prefill.attempt == 2
     assert "resumed after its worker stopped" in prefill.log_excerpt
+    [launched] = prefill.evidence["engines"]
+    assert (repeated["request_id"], repeated["in_flight"]) == (launched["request_id"], True)
+    assert launched["action"] == "started"
+    spawned = [
+        e["pid"]
+        for e in world.agent_events("remote", "agent.child_spawned")
+        if e["child"] == prefill_name
+    ]
+    assert spawned == [launched["pid"]]
     children = world.children("remote")
-    engine = children[f"dep{dep.pk}-prefill"]
-    assert [n for n in children if n.endswith("-prefill")] == [f"dep{dep.pk}-prefill"]
-    assert engine.restarts == 0
-    assert engine.pid == prefill.evidence["engines"][0]["pid"]
+    assert [n for n in children if n.endswith("-prefill")] == [prefill_name]
+    assert (children[prefill_name].pid, children[prefill_name].restarts) == (spawned[0], 0)
     assert traffic.count(200) > 0
     assert "remote" in {path for status, path in traffic.results if status == 200}
 

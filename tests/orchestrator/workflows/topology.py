@@ -37,6 +37,8 @@ MODEL = "qwen3-next"
 SERVED = "tiny"
 # What the catalog says about the model (the capacity baseline reads it): the testbed's own.
 ARCH = MODELS[MODEL].architecture
+# The reference engine's own command prefix (what an agent runs without engine_executables).
+PDBRIDGE_CLI = [sys.executable, "-m", "pdbridge.cli"]
 
 
 @dataclass
