@@ -88,17 +88,25 @@ class CloseAfter(Toxic):
 
 @dataclass
 class Flip(Toxic):
-    """Flip (xor 0xFF) single bytes: at absolute stream ``offsets`` of each connection, or
-    the last byte of each *distinct* occurrence of ``pattern``, told apart by the
-    ``context`` bytes that follow it (so a resent copy of the same data passes). At most
-    ``limit`` flips in total (None = no limit)."""
+    """Flip (xor 0xFF) single bytes: at absolute stream ``offsets`` of each connection, at
+    every multiple of ``every`` bytes of each connection (``every``, ``2 * every`` ...: silent
+    corruption spread over a stream, its first ``every`` bytes -- connection preamble,
+    headers -- left alone), or the last byte of each *distinct* occurrence of ``pattern``,
+    told apart by the ``context`` bytes that follow it (so a resent copy of the same data
+    passes). At most ``limit`` flips in total (None = no limit)."""
 
     offsets: tuple[int, ...] = ()
     pattern: bytes = b""
     context: int = 8
     limit: int | None = None
+    every: int = 0
     flipped: int = 0
     _seen: set[bytes] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.every < 0:
+            raise ValueError("every: must not be negative")
 
     def exhausted(self) -> bool:
         return self.limit is not None and self.flipped >= self.limit
@@ -106,6 +114,13 @@ class Flip(Toxic):
     def transform(self, data: bytearray, stream_offset: int) -> None:
         for offset in self.offsets:
             if stream_offset <= offset < stream_offset + len(data) and not self.exhausted():
+                data[offset - stream_offset] ^= 0xFF
+                self.flipped += 1
+        if self.every:
+            first = max(1, -(-stream_offset // self.every)) * self.every
+            for offset in range(first, stream_offset + len(data), self.every):
+                if self.exhausted():
+                    break
                 data[offset - stream_offset] ^= 0xFF
                 self.flipped += 1
         if not self.pattern:

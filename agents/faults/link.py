@@ -181,8 +181,10 @@ class LinkCut(_LinkFault):
 
 class LinkDegrade(_LinkFault):
     """params: ``rate_mbit`` (kernel and proxy), ``burst_kb`` (kernel), ``latency_ms``,
-    ``jitter_ms`` and ``reset_after_kb`` (proxy: each connection is reset after that much
-    data, a loss-like fault for long transfers)."""
+    ``jitter_ms``, ``reset_after_kb`` (proxy: each connection is reset after that much
+    data, a loss-like fault for long transfers) and ``corrupt_every_kb`` (proxy: one byte
+    flipped every that many KiB of each connection's data towards the peer -- silent
+    corruption, what the KV link's per-chunk checksums exist to catch)."""
 
     kernel_mechanisms = ("interface",)
 
@@ -196,16 +198,18 @@ class LinkDegrade(_LinkFault):
                 "latency_ms": _number(params, "latency_ms"),
                 "jitter_ms": _number(params, "jitter_ms"),
                 "reset_after_kb": _number(params, "reset_after_kb"),
+                "corrupt_every_kb": _number(params, "corrupt_every_kb"),
             }
             if params:
                 raise FaultError(f"params.{sorted(params)[0]}", "unknown parameter of link_degrade")
             if not any(details.values()):
                 raise FaultError(
-                    "params", "one of rate_mbit, latency_ms, reset_after_kb is required"
+                    "params",
+                    "one of rate_mbit, latency_ms, reset_after_kb, corrupt_every_kb is required",
                 )
         else:
             burst = _number(params, "burst_kb", 64)
-            for proxy_only in ("latency_ms", "jitter_ms", "reset_after_kb"):
+            for proxy_only in ("latency_ms", "jitter_ms", "reset_after_kb", "corrupt_every_kb"):
                 if proxy_only in params:
                     raise FaultError(
                         f"params.{proxy_only}",
@@ -228,7 +232,7 @@ class LinkDegrade(_LinkFault):
     async def apply(self, fault: Fault, ctx: FaultContext) -> None:
         d = fault.details
         if fault.mechanism == "proxy":
-            from grpc_kv.faultproxy import Bandwidth, CloseAfter, Latency, Toxic
+            from grpc_kv.faultproxy import Bandwidth, CloseAfter, Flip, Latency, Toxic
 
             toxics: list[Toxic] = []
             if d["rate_mbit"]:
@@ -237,6 +241,10 @@ class LinkDegrade(_LinkFault):
                 toxics.append(Latency(ms=d["latency_ms"], jitter_ms=d["jitter_ms"] or 0.0))
             if d["reset_after_kb"]:
                 toxics.append(CloseAfter(bytes=int(d["reset_after_kb"] * 1024), reset=True))
+            if d.get("corrupt_every_kb"):  # .get: journalled before this parameter existed
+                every = max(1, int(d["corrupt_every_kb"] * 1024))
+                # The proxy's clients are this site's senders: upstream = towards the peer.
+                toxics.append(Flip(direction="upstream", every=every))
             proxy = ctx.proxies[fault.target]
             ctx.toxics[fault.id] = [proxy.add(t) for t in toxics]
             return

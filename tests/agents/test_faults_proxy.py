@@ -106,13 +106,53 @@ def test_proxy_latency_and_resets_until_cleared(proxied: tuple[AgentProc, int]) 
     assert round_trip(port, b"x" * 4096) is not None
 
 
+def echoed(port: int, payload: bytes) -> bytes:
+    """What comes back through the proxy (the echo server returns what it received)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(payload)
+        got = b""
+        while len(got) < len(payload):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+    return got
+
+
+def test_proxy_corrupts_bytes_towards_the_peer_until_cleared(
+    proxied: tuple[AgentProc, int],
+) -> None:
+    agent, port = proxied
+    payload = bytes(range(256)) * 12  # 3 KiB
+    fault = _inject(agent, "link_degrade", 60, corrupt_every_kb=1)
+
+    got = echoed(port, payload)
+
+    assert fault.mechanism == "proxy"
+    assert [i for i in range(len(payload)) if got[i] != payload[i]] == [1024, 2048]
+    assert got[1024] == payload[1024] ^ 0xFF
+    stub(agent, None).ClearFault(
+        pb.ClearFaultRequest(request_id=os.urandom(8).hex(), id=fault.id), timeout=T
+    )
+    assert echoed(port, payload) == payload
+
+
 def test_proxy_fault_input_errors(proxied: tuple[AgentProc, int]) -> None:
     agent, _ = proxied
     cases = [
         ({"mode": "gently"}, "link_cut", "params.mode: reset or blackhole"),
         ({"latency_ms": -5}, "link_degrade", "params.latency_ms: must be a positive number"),
         ({"colour": "red"}, "link_degrade", "params.colour: unknown parameter of link_degrade"),
-        ({}, "link_degrade", "params: one of rate_mbit, latency_ms, reset_after_kb is required"),
+        (
+            {},
+            "link_degrade",
+            "params: one of rate_mbit, latency_ms, reset_after_kb, corrupt_every_kb is required",
+        ),
+        (
+            {"corrupt_every_kb": 0},
+            "link_degrade",
+            "params.corrupt_every_kb: must be a positive number",
+        ),
     ]
     for params, kind, message in cases:
         with pytest.raises(grpc.RpcError) as err:

@@ -62,6 +62,23 @@ def test_flip_at_an_offset_changes_exactly_that_byte():
     assert run(with_proxy(body)) == b"abc" + bytes([ord("d") ^ 0xFF]) + b"ef"
 
 
+def test_flip_every_n_bytes_flips_each_multiple_of_n_of_each_connection():
+    data = bytes(range(256)) * 40  # 10240 bytes
+
+    async def body(proxy, port):
+        flip = proxy.add(Flip(direction="upstream", every=4096))
+        first = await roundtrip(port, data)
+        again = await roundtrip(port, data)  # a new connection counts from 0 again
+        return first, again, flip.flipped
+
+    first, again, flipped = run(with_proxy(body))
+
+    assert first == again
+    assert [i for i in range(len(data)) if first[i] != data[i]] == [4096, 8192]
+    assert (first[4096], first[8192]) == (data[4096] ^ 0xFF, data[8192] ^ 0xFF)
+    assert flipped == 4
+
+
 def test_flip_pattern_flips_each_distinct_occurrence_once():
     marker = b"<MARK>"
 
