@@ -94,6 +94,25 @@ def test_launch_past_its_deadline_goes_on_and_a_later_retry_gets_its_outcome(slo
     assert repeated["in_flight"] is False
 
 
+def test_second_launch_of_the_same_spec_while_the_first_starts_waits_and_is_unchanged(
+    slow_agent, pki
+):
+    api = stub(slow_agent, pki)
+    first_request = _slow_request(delay=2.0)
+    second_request = pb.LaunchRequest()
+    second_request.CopyFrom(first_request)
+    second_request.request_id = os.urandom(8).hex()  # another caller, same child and spec
+
+    first = api.Launch.future(first_request, timeout=30)
+    wait_for(lambda: _events(slow_agent.log_path, "agent.child_spawned"), 10)
+    second = api.Launch(second_request, timeout=30)
+
+    assert (first.result().action, second.action) == ("started", "unchanged")
+    assert second.child.pid == first.result().child.pid
+    spawned = [e["pid"] for e in _events(slow_agent.log_path, "agent.child_spawned")]
+    assert spawned == [second.child.pid]
+
+
 def test_agent_shutdown_cancels_a_launch_in_progress_and_leaves_no_process(slow_agent, pki):
     api = stub(slow_agent, pki)
     call = api.Launch.future(_slow_request(delay=60.0), timeout=90)
