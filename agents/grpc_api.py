@@ -90,10 +90,6 @@ class IdempotencyCache:
             OrderedDict()
         )
 
-    def in_flight(self) -> list[asyncio.Task[Message]]:
-        """Operations still running (the daemon cancels them at shutdown)."""
-        return [task for _, _, task in self._entries.values() if not task.done()]
-
     def _prune(self, now: float) -> None:
         # Oldest first; an entry still in flight stops the scan (it expires after it ends).
         while self._entries:
