@@ -90,6 +90,7 @@ class GrpcSender(KvSender):
         self._cm: AbstractAsyncContextManager[kv.Transfer] = kv.open_transfer(
             target, to_kv_header(header), options, tls
         )
+        self._left = False  # open_transfer's block was left (finished, failed or aborted)
         self._tx: kv.Transfer = self._call(self._cm.__aenter__())
 
     def _call(self, coro: Awaitable[T]) -> T:
@@ -109,9 +110,20 @@ class GrpcSender(KvSender):
     async def finish(self) -> TransferSummary:
         try:
             summary = await self._tx.finish()
-            await self._cm.__aexit__(None, None, None)
-        except (kv.TransferError, kv.TransferFailed) as exc:
-            raise _map_error(exc) from exc
+        except BaseException as exc:
+            # Cancelled (the caller went away) or failed: the link's connections must close
+            # here, or every such transfer leaves its TCP connections open for good.
+            try:
+                await self._leave(exc)
+            except Exception as close_exc:  # never mask the cause
+                log.warning("kv_close_failed", extra={"error": repr(close_exc)})
+            if isinstance(exc, (kv.TransferError, kv.TransferFailed)):
+                raise _map_error(exc) from exc
+            if isinstance(exc, Exception):
+                raise TransferLinkError(f"{type(exc).__name__}: {exc}") from exc
+            raise
+        try:
+            await self._leave(None)
         except Exception as exc:
             raise TransferLinkError(f"{type(exc).__name__}: {exc}") from exc
         return TransferSummary(
@@ -132,9 +144,20 @@ class GrpcSender(KvSender):
     async def abort(self, reason: str) -> None:
         err = TransferError(reason)
         try:
-            await self._cm.__aexit__(type(err), err, None)
+            await self._leave(err)
         except Exception as exc:  # the transfer is being abandoned: log, never mask the cause
             log.warning("kv_abort_failed", extra={"error": repr(exc)})
+
+    async def _leave(self, exc: BaseException | None) -> None:
+        """Leave ``open_transfer`` once: cancels the transfer unless it finished, then closes
+        its link. Shielded, so a cancelled caller still releases the connections."""
+        if self._left:
+            return
+        self._left = True
+        if exc is None:
+            await asyncio.shield(self._cm.__aexit__(None, None, None))
+        else:
+            await asyncio.shield(self._cm.__aexit__(type(exc), exc, exc.__traceback__))
 
 
 def _map_error(exc: BaseException) -> TransferError:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,8 +15,9 @@ from typing import Any
 import pytest
 
 from agents.engines.verify import compare, make_prompt
-from grpc_kv.faultproxy import FaultProxy, Flip
+from grpc_kv.faultproxy import Bandwidth, FaultProxy, Flip
 from tests.agents.engines.client import decode_leg, post, prefill_leg
+from tests.support import connections_to
 
 
 class ProxyThread:
@@ -109,3 +111,35 @@ def test_cut_link_fails_prefill_leg_and_decode_falls_back(engine_pair, grpc_deco
         "transfer_failed",
     }
     assert compare(local, fallback) == (True, 6, 6, None)
+
+
+def test_prefill_client_gone_mid_transfer_releases_the_link_connections(
+    engine_pair, grpc_decode, proxy
+):
+    """The gateway drops a prefill leg (timeout, fallback) while the KV is still on the wire:
+    the engine cancels the transfer and closes its link; no connection stays open."""
+    prefill, _ = engine_pair
+    body = {"model": "qwen3-next", "prompt": make_prompt(700, seed=4), "max_tokens": 1}
+    proxy.call(proxy.proxy.add, Bandwidth(direction="upstream", bytes_per_s=20_000))
+
+    with pytest.raises(TimeoutError):
+        post(
+            f"{prefill.url}/v1/completions",
+            {
+                **body,
+                "kv_transfer_params": {
+                    "do_remote_decode": True,
+                    "transfer_id": f"f-{uuid.uuid4().hex}",
+                    "kv_destination": proxy.address,
+                },
+            },
+            timeout=1.0,
+        )
+    port = int(proxy.address.rsplit(":", 1)[1])
+    assert connections_to(port) > 0  # the transfer was under way
+
+    # It fails at its deadline (the engine's timeout_ms) at the latest, then lets go.
+    deadline = time.monotonic() + 15
+    while connections_to(port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert connections_to(port) == 0
