@@ -18,7 +18,10 @@ import signal
 import ssl
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agents.engines.reference.grpc_link import LinkPool
 
 log = logging.getLogger("pdbridge.engines.cli")
 
@@ -183,9 +186,15 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
     if args.kv_spool is not None:
         receiver = SpoolReceiver(args.kv_spool, verify_digests=not args.no_verify_kv_digests)
     open_sender: SenderFactory = open_spool_sender
+    links: LinkPool | None = None
     kv_tls_given = args.kv_insecure or args.kv_tls_cert
     if kv_tls_given or args.kv_listen:
-        from agents.engines.reference.grpc_link import GrpcReceiver, sender_factory, tls_from_args
+        from agents.engines.reference.grpc_link import (
+            GrpcReceiver,
+            LinkPool,
+            sender_factory,
+            tls_from_args,
+        )
         from grpc_kv import api as kv
 
         try:
@@ -203,7 +212,8 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
         except ValueError as exc:
             print(f"pdbridge engine serve: {exc}", file=sys.stderr)
             return 2
-        open_sender = sender_factory(asyncio.get_running_loop(), options, tls)
+        links = LinkPool(options, tls)
+        open_sender = sender_factory(asyncio.get_running_loop(), links)
         if args.kv_listen:
             if receiver is not None:
                 print("--kv-listen and --kv-spool: choose one receiver", file=sys.stderr)
@@ -247,6 +257,8 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
     await stop.wait()
     log.info("engine_stopping", extra={"port": port})
     await runner.cleanup()
+    if links is not None:
+        await links.close()
     return 0
 
 

@@ -113,33 +113,37 @@ def test_cut_link_fails_prefill_leg_and_decode_falls_back(engine_pair, grpc_deco
     assert compare(local, fallback) == (True, 6, 6, None)
 
 
-def test_prefill_client_gone_mid_transfer_releases_the_link_connections(
+def test_prefill_client_gone_mid_transfer_leaves_the_pooled_link_as_it_was(
     engine_pair, grpc_decode, proxy
 ):
     """The gateway drops a prefill leg (timeout, fallback) while the KV is still on the wire:
-    the engine cancels the transfer and closes its link; no connection stays open."""
+    the engine ends the transfer, and its link to that receiver keeps the connections it had
+    (one per ``connections``) instead of leaving a set behind per request."""
     prefill, _ = engine_pair
-    body = {"model": "qwen3-next", "prompt": make_prompt(700, seed=4), "max_tokens": 1}
-    proxy.call(proxy.proxy.add, Bandwidth(direction="upstream", bytes_per_s=20_000))
-
-    with pytest.raises(TimeoutError):
-        post(
-            f"{prefill.url}/v1/completions",
-            {
-                **body,
-                "kv_transfer_params": {
-                    "do_remote_decode": True,
-                    "transfer_id": f"f-{uuid.uuid4().hex}",
-                    "kv_destination": proxy.address,
-                },
-            },
-            timeout=1.0,
-        )
     port = int(proxy.address.rsplit(":", 1)[1])
-    assert connections_to(port) > 0  # the transfer was under way
+    body = {"model": "qwen3-next", "prompt": make_prompt(700, seed=4), "max_tokens": 1}
 
-    # It fails at its deadline (the engine's timeout_ms) at the latest, then lets go.
+    def remote_prefill(timeout: float) -> int:
+        kv = {
+            "do_remote_decode": True,
+            "transfer_id": f"f-{uuid.uuid4().hex}",
+            "kv_destination": proxy.address,
+        }
+        return post(f"{prefill.url}/v1/completions", {**body, "kv_transfer_params": kv}, timeout)[0]
+
+    assert remote_prefill(60) == 200
+    pooled = connections_to(port)
+    proxy.call(proxy.proxy.add, Bandwidth(direction="upstream", bytes_per_s=20_000))
+    with pytest.raises(TimeoutError):
+        remote_prefill(1.0)
+    proxy.call(proxy.proxy.clear)
+
+    # The abandoned transfer fails at its deadline (timeout_ms) at the latest, its broken
+    # streams are replaced; then the link is back to its own connections and works.
     deadline = time.monotonic() + 15
-    while connections_to(port) and time.monotonic() < deadline:
+    while connections_to(port) > pooled and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert connections_to(port) == 0
+    assert 1 <= pooled <= 2
+    assert connections_to(port) <= pooled
+    assert [remote_prefill(60) for _ in range(3)] == [200, 200, 200]
+    assert connections_to(port) <= pooled
