@@ -210,6 +210,7 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
     if args.kv_spool is not None:
         receiver = SpoolReceiver(args.kv_spool, verify_digests=not args.no_verify_kv_digests)
     open_sender: SenderFactory = open_spool_sender
+    kv_checksum: str | None = None  # the grpc_kv link's per-chunk checksum, when it is used
     kv_tls_given = args.kv_insecure or args.kv_tls_cert
     if kv_tls_given or args.kv_listen:
         from agents.engines.reference.grpc_link import GrpcReceiver, sender_factory, tls_from_args
@@ -223,6 +224,7 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
                 args.kv_allowed_peer,
             )
             options = link_options(args)
+            kv_checksum = options.checksum.value
         except ValueError as exc:
             print(f"pdbridge engine serve: {exc}", file=sys.stderr)
             return 2
@@ -256,6 +258,8 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
         "role": args.role,
         "models": {n: m.fingerprint for n, m in models.items()},
         "kv_listen": getattr(receiver, "address", None),
+        # "none" is the diagnostic mode (--no-verify-kv-digests): say so where operators look.
+        "kv_checksum": kv_checksum,
     }
     print(json.dumps(ready), flush=True)
     stop = asyncio.Event()
