@@ -32,6 +32,7 @@ from grpc_kv.codec import (
     CHECKSUM_TO_PB,
     CODEC_TO_PB,
     AutoCodec,
+    Checksum,
     Codec,
     split,
     transfer_digest,
@@ -74,7 +75,8 @@ class Transfer:
         self.header = header
         self.options = options
         self.session = uuid.uuid4().hex
-        self.summary = TransferSummary(header.transfer_id)
+        self.summary = TransferSummary(header.transfer_id, checksum=options.checksum.value)
+        self._unverified = options.checksum is Checksum.NONE
         self._auto = AutoCodec(level=options.zstd_level)
         self._started = time.monotonic()
         self._deadline = self._started + options.timeout_ms / 1000
@@ -174,6 +176,8 @@ class Transfer:
                 self._handle_rpc_error(exc, "begin")
                 await asyncio.sleep(min(self._backoff(attempt), max(self.remaining(), 0)))
                 attempt += 1
+        if self._unverified:
+            self.link.warn_unverified()
         self.link.metrics.active.labels(ROLE).inc()
         self._active = True
         self._workers = [
@@ -556,6 +560,8 @@ class Transfer:
             self.link.observe_acked(chunk.wire)
             self.link.metrics.bytes_raw.labels(ROLE).inc(chunk.raw)
             self.link.metrics.chunks.labels(ROLE).inc()
+            if self._unverified:
+                self.link.metrics.unverified.labels(ROLE).inc()
         elif ack.status == pb.ACK_CORRUPT:
             self.summary.checksum_failures += 1
             self.link.metrics.checksum_failures.labels(ROLE).inc()

@@ -2,12 +2,20 @@
 
 import asyncio
 import gc
+import logging
 import os
 import time
 
 import pytest
 
-from grpc_kv.api import LinkOptions, TransferFailed, TransferTimeout, open_transfer
+from grpc_kv.api import (
+    Link,
+    LinkMetrics,
+    LinkOptions,
+    TransferFailed,
+    TransferTimeout,
+    open_transfer,
+)
 from grpc_kv.faultproxy import Bandwidth, FaultProxy, Flip
 from tests.grpc_kv.kvtest import INSECURE, make_header, receiver, run
 from tests.support import connections_to
@@ -222,3 +230,64 @@ def test_every_way_a_transfer_ends_closes_its_connections_without_the_cyclic_gc(
         gc.enable()
 
     assert open_after == {"finished": 0, "abandoned": 0, "failed": 0}
+def test_checksum_none_lets_a_flipped_byte_reach_the_consumer_and_says_so(caplog):
+    """The diagnostic mode really verifies nothing: what the proxy damages is delivered
+    damaged (no resend), counted as unverified, and each end warns once per link."""
+    chunk = 64 * 1024
+    data = b"".join(marked_chunks(4, chunk))
+    options = LinkOptions(
+        chunk_size_bytes=chunk,
+        compression="none",
+        checksum="none",
+        connections=1,
+        timeout_ms=30_000,
+    )
+
+    async def scenario():
+        async with receiver() as (server, target):
+            proxy, via = await proxied(target)
+            flip = proxy.add(Flip(direction="upstream", pattern=MARKER, context=8, limit=1))
+            link = Link(via, options, INSECURE, metrics=LinkMetrics())
+            received, summaries = [], []
+            for _ in range(2):  # two transfers over one link: one warning per end
+                header = make_header({"kv": len(data)})
+                consumer = asyncio.create_task(server.open(header.transfer_id, 30.0))
+                async with open_transfer(via, header, link=link) as tx:
+                    await tx.send_layer("kv", data)
+                    summaries.append(await tx.finish())
+                async with await consumer as reader:
+                    received.append(b"".join([s.data async for s in reader]))
+            await link.close()
+            await proxy.stop()
+            counts = {
+                "receiver_failures": server.metrics.value(
+                    "pdbridge_kv_checksum_failures_total", role="receiver"
+                ),
+                "receiver_unverified": server.metrics.value(
+                    "pdbridge_kv_unverified_chunks_total", role="receiver"
+                ),
+                "sender_unverified": link.metrics.value(
+                    "pdbridge_kv_unverified_chunks_total", role="sender"
+                ),
+            }
+            return flip.flipped, received, summaries, counts
+
+    with caplog.at_level(logging.WARNING, logger="grpc_kv"):
+        flipped, received, summaries, counts = run(scenario())
+
+    assert flipped == 1
+    damaged = received[0]
+    assert len(damaged) == len(data)
+    diff = [i for i in range(len(data)) if damaged[i] != data[i]]
+    marker_ends = {i * chunk + chunk // 2 + len(MARKER) - 1 for i in range(4)}
+    assert len(diff) == 1
+    assert diff[0] in marker_ends
+    assert damaged[diff[0]] == data[diff[0]] ^ 0xFF
+    assert received[1] == data
+    assert [s.checksum for s in summaries] == ["none", "none"]
+    assert [s.checksum_failures for s in summaries] == [0, 0]
+    assert [s.retransmits for s in summaries] == [0, 0]
+    assert counts == {"receiver_failures": 0, "receiver_unverified": 8, "sender_unverified": 8}
+    warnings = [r.getMessage() for r in caplog.records if "checksum_disabled" in r.getMessage()]
+    assert len([w for w in warnings if "target=" in w]) == 1
+    assert len([w for w in warnings if "peer=" in w]) == 1

@@ -207,6 +207,7 @@ class GrpcSender(KvSender):
                 "retransmits": summary.retransmits,
                 "resumes": summary.resumes,
                 "checksum_failures": summary.checksum_failures,
+                "checksum": summary.checksum,
                 "codecs": dict(summary.codecs),
             },
         )
