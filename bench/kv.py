@@ -8,7 +8,10 @@ side in one run, JSON to ``var/bench/kv.json``.
   does. Needs root; skipped (and said so in the JSON) without it.
 * Unshaped loopback, 1 GiB: KV-link goodput vs a plain TCP socket moving the same bytes,
   with 1 and 4 connections (target >= 0.8 x), and bare grpcio moving them too (the
-  ceiling of anything built on grpcio, measured in the same run).
+  ceiling of anything built on grpcio, measured in the same run). Each method's CPU
+  seconds per GB on each side are recorded too: on a machine whose cores the two ends
+  (and other tenants) share, goodput is bounded by the inverse of their sum, a figure far
+  less noisy than the throughput of one run.
 * Time to the first verified layer at a consumer (local socket of the receiver sidecar) of a
   64 MiB transfer on the 1 Gbit/s link; receiver memory peak for 8 concurrent 64 MiB
   transfers (bytes held, sampled, and the process's peak RSS growth).
@@ -72,9 +75,11 @@ async def send(
     data_kind: str,
     discard: bool,
     transfer_id: str | None = None,
+    data: bytes | None = None,
 ) -> dict[str, Any]:
     per_layer = total // layers
-    data = payload(data_kind, per_layer)  # every layer carries the same bytes
+    if data is None:
+        data = payload(data_kind, per_layer)  # every layer carries the same bytes
     header = TransferHeader(
         transfer_id=transfer_id or f"bench-{uuid.uuid4().hex[:10]}",
         fingerprint=FP,
@@ -214,9 +219,22 @@ def first_layer(net: Any, target: str, socket_path: Path) -> dict[str, Any]:
 
 
 # -- unshaped loopback -------------------------------------------------------------------
-def tcp_baseline(total: int, connections: int) -> float:
+def cpu_self() -> float:
+    """CPU seconds of this process so far (every thread)."""
+    return time.process_time()
+
+
+def cpu_of(pid: int) -> float:
+    """CPU seconds (user + system, every thread) of another process so far; Linux /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tcp_baseline(total: int, connections: int) -> tuple[float, dict[str, float]]:
     """MB/s of plain TCP sockets over loopback: a sink thread per connection (here a child
-    process, like the KV receiver) and ``connections`` sending threads."""
+    process, like the KV receiver) and ``connections`` sending threads; and the CPU
+    seconds each side spent (the sink reports its own, from its first accept)."""
     sink = subprocess.Popen(
         [sys.executable, "-c", SINK, str(connections)], stdout=subprocess.PIPE, text=True
     )
@@ -233,17 +251,21 @@ def tcp_baseline(total: int, connections: int) -> float:
                 sent += len(block)
 
     start = time.perf_counter()
+    cpu = cpu_self()
     threads = [threading.Thread(target=push) for _ in range(connections)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+    sender_cpu = cpu_self() - cpu
+    receiver_cpu = float(sink.stdout.readline())
     sink.wait(timeout=60)
-    return total / (time.perf_counter() - start) / 1e6
+    rate = total / (time.perf_counter() - start) / 1e6
+    return rate, {"sender": sender_cpu, "receiver": receiver_cpu}
 
 
 SINK = """
-import socket, sys, threading
+import socket, sys, threading, time
 n = int(sys.argv[1])
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(n)
 print(srv.getsockname()[1], flush=True)
@@ -251,19 +273,25 @@ def drain(c):
     while c.recv_into(buf := bytearray(4 << 20)):
         pass
 threads = []
+cpu = None
 for _ in range(n):
-    c, _ = srv.accept(); t = threading.Thread(target=drain, args=(c,)); t.start(); threads.append(t)
+    c, _ = srv.accept(); cpu = cpu if cpu is not None else time.process_time()
+    t = threading.Thread(target=drain, args=(c,)); t.start(); threads.append(t)
 for t in threads: t.join()
+print(time.process_time() - cpu, flush=True)
 """
 
 
 GRPC_SINK = """
-import asyncio, sys, grpc
+import asyncio, sys, time, grpc
+cpu = []
 async def main():
     async def sink(requests, context):
+        cpu.append(time.process_time())
         n = 0
         async for message in requests:
             n += len(message)
+        cpu.append(time.process_time())
         return n.to_bytes(8, "little")
     opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)]
     server = grpc.aio.server(options=opts)
@@ -274,15 +302,17 @@ async def main():
     await server.start()
     print(port, flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    print(max(cpu) - min(cpu), flush=True)  # first call's start to last call's end
     await server.stop(0)
 asyncio.run(main())
 """
 
 
-def grpcio_baseline(total: int, connections: int) -> float:
+def grpcio_baseline(total: int, connections: int) -> tuple[float, dict[str, float]]:
     """MB/s of bare grpcio over loopback, the ceiling of any link built on it: one
     stream-unary call per connection writing 4 MiB bytes messages to a receiver (a child
-    process) that only counts them. No framing, checksums, acks or window."""
+    process) that only counts them. No framing, checksums, acks or window. Also the CPU
+    seconds of each side (the sink's from its first call's start to its last call's end)."""
     # The allocator tuning the KV link applies to itself (grpc_kv/alloc.py), given to the
     # baseline too: without it bare grpcio page-faults every message buffer.
     env = {
@@ -321,17 +351,21 @@ def grpcio_baseline(total: int, connections: int) -> float:
             await call
 
         start = time.perf_counter()
+        cpu = cpu_self()
         await asyncio.gather(*(one(c) for c in channels))
         seconds = time.perf_counter() - start
+        sender_cpu = cpu_self() - cpu
         await asyncio.gather(*(c.close() for c in channels))
-        return total / seconds / 1e6
+        return total / seconds / 1e6, sender_cpu
 
     tune_allocator()  # this process: the KV sender's tuning, whichever runs first
     try:
-        return asyncio.run(run())
+        rate, sender_cpu = asyncio.run(run())
     finally:
         sink.stdin.close()
-        sink.wait(timeout=20)
+    receiver_cpu = float(sink.stdout.readline())
+    sink.wait(timeout=20)
+    return rate, {"sender": sender_cpu, "receiver": receiver_cpu}
 
 
 def loopback(results: dict[str, Any], quick: bool, rounds: int = 3) -> None:
@@ -356,13 +390,27 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 3) -> None:
                 timeout_ms=600_000,
             )
             runs: dict[str, list[float]] = {"tcp": [], "grpcio": [], "kv": []}
+            cpu: dict[str, list[dict[str, float]]] = {"tcp": [], "grpcio": [], "kv": []}
+            data = payload("random", total // 16)  # generated outside the measured CPU
             for _ in range(rounds):
-                runs["tcp"].append(tcp_baseline(total, connections))
-                sent = asyncio.run(send(target, total, 16, options, "random", discard=True))
+                rate, used = tcp_baseline(total, connections)
+                runs["tcp"].append(rate)
+                cpu["tcp"].append(used)
+                before = (cpu_self(), cpu_of(server.pid))
+                sent = asyncio.run(send(target, total, 16, options, "random", True, data=data))
+                cpu["kv"].append(
+                    {
+                        "sender": cpu_self() - before[0],
+                        "receiver": cpu_of(server.pid) - before[1],
+                    }
+                )
                 runs["kv"].append(sent["bytes_raw"] / sent["seconds"] / 1e6)
-                runs["grpcio"].append(grpcio_baseline(total, connections))
+                rate, used = grpcio_baseline(total, connections)
+                runs["grpcio"].append(rate)
+                cpu["grpcio"].append(used)
             best = {k: max(v) for k, v in runs.items()}
             median = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
+            per_gb = {k: cpu_per_gb(v, total) for k, v in cpu.items()}
             rows[f"{connections}_connections"] = {
                 "bytes": total,
                 "rounds": rounds,
@@ -374,11 +422,29 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 3) -> None:
                 "ratio_to_grpcio": round(best["kv"] / best["grpcio"], 3),
                 "median_ratio": round(median["kv"] / median["tcp"], 3),
                 "runs_mb_s": {k: [round(x) for x in v] for k, v in runs.items()},
+                # Median CPU seconds per GB moved, each side; with both ends on the same
+                # saturated cores, goodput ratios tend to the inverse ratio of the totals.
+                "cpu_s_per_gb": per_gb,
+                "cpu_bound_ratio": round(per_gb["tcp"]["total"] / per_gb["kv"]["total"], 3),
+                "cpu_bound_ratio_grpcio": round(
+                    per_gb["tcp"]["total"] / per_gb["grpcio"]["total"], 3
+                ),
             }
     finally:
         server.terminate()
         server.wait(timeout=20)
     results["loopback_unshaped"] = rows
+
+
+def cpu_per_gb(samples: list[dict[str, float]], total: int) -> dict[str, float]:
+    """Median sender, receiver and total CPU seconds per GB (1e9 bytes) over the rounds."""
+    out = {}
+    for side in ("sender", "receiver"):
+        values = sorted(s[side] for s in samples)
+        out[side] = round(values[len(values) // 2] / (total / 1e9), 3)
+    totals = sorted(s["sender"] + s["receiver"] for s in samples)
+    out["total"] = round(totals[len(totals) // 2] / (total / 1e9), 3)
+    return out
 
 
 def concurrent_memory(results: dict[str, Any]) -> None:

@@ -40,8 +40,14 @@ class Codec(enum.StrEnum):
 
 
 class Checksum(enum.StrEnum):
+    """Per-chunk checksum of the raw bytes. ``none`` is a diagnostic mode, never for
+    production: chunks are neither checksummed nor verified, so bytes damaged in flight
+    reach the consumer (it lets tests prove that the engines' own verification catches
+    them). Decompression stays bounded in every mode."""
+
     XXH3 = "xxh3"
     CRC32C = "crc32c"
+    NONE = "none"
 
 
 CODEC_TO_PB = {
@@ -50,12 +56,18 @@ CODEC_TO_PB = {
     Codec.ZSTD_BYTEPLANE: pb.CODEC_ZSTD_BYTEPLANE,
 }
 PB_TO_CODEC = {v: k for k, v in CODEC_TO_PB.items()}
-CHECKSUM_TO_PB = {Checksum.XXH3: pb.CHECKSUM_XXH3_64, Checksum.CRC32C: pb.CHECKSUM_CRC32C}
+CHECKSUM_TO_PB = {
+    Checksum.XXH3: pb.CHECKSUM_XXH3_64,
+    Checksum.CRC32C: pb.CHECKSUM_CRC32C,
+    Checksum.NONE: pb.CHECKSUM_NONE,
+}
 PB_TO_CHECKSUM = {v: k for k, v in CHECKSUM_TO_PB.items()}
 
 
 def checksum(kind: Checksum, data: bytes | memoryview) -> int:
-    """Checksum of raw bytes: xxh3-64 or crc32c (both tens of GB/s)."""
+    """Checksum of raw bytes: xxh3-64 or crc32c (both tens of GB/s); 0 for ``none``."""
+    if kind is Checksum.NONE:
+        return 0
     if kind is Checksum.CRC32C:
         return int(crc32c.crc32c(data))
     return int(xxhash.xxh3_64_intdigest(data))

@@ -83,6 +83,7 @@ class Link:
         self.goodput_bytes_per_s = 0.0
         self._measuring: asyncio.Future[dict[str, Any]] | None = None
         self._probe_failed_at = -PROBE_RETRY_S
+        self._warned_unverified = False
 
     def unary(self, index: int, name: str, response: Any) -> Any:
         return self.channels[index % len(self.channels)].unary_unary(
@@ -99,6 +100,18 @@ class Link:
             METHOD + "Probe",
             request_serializer=None,
             response_deserializer=pb.ProbeReply.FromString,
+        )
+
+    def warn_unverified(self) -> None:
+        """Log, once per link, that a transfer on it runs with ``checksum=none``: corrupted
+        bytes would reach the consumer. A diagnostic mode that must never go unnoticed."""
+        if self._warned_unverified:
+            return
+        self._warned_unverified = True
+        log.warning(
+            "checksum_disabled target=%s detail=%s",
+            self.target,
+            "chunks are neither checksummed nor verified (diagnostic mode, never in production)",
         )
 
     def known_bytes_per_s(self) -> float:

@@ -38,6 +38,12 @@ class LinkMetrics:
             ["role"],
             registry=r,
         )
+        self.unverified = Counter(
+            "pdbridge_kv_unverified_chunks",
+            "Chunks moved with checksum none (diagnostic mode, never in production)",
+            ["role"],
+            registry=r,
+        )
         self.rejected_peers = Counter(
             "pdbridge_kv_rejected_peers", "Peers refused", ["role", "reason"], registry=r
         )

@@ -1,7 +1,7 @@
 """Knobs of the KV link, each documented once here (``docs/kv-link.md`` explains trade-offs).
 
 Defaults follow the deployment guide: 32 MiB chunks, 3 retries, 4000 ms transfer timeout,
-checksums on, 70 % link utilisation ceiling.
+checksums on (``checksum="none"`` only for diagnostics), 70 % link utilisation ceiling.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ class LinkOptions:
     compression: Codec = Codec.AUTO
     #: zstd level: 1 is ~600 MB/s per core on bf16; higher levels barely improve KV ratios.
     zstd_level: int = 1
-    #: Per-chunk checksum of the raw bytes: xxh3 (default) or crc32c.
+    #: Per-chunk checksum of the raw bytes: xxh3 (default) or crc32c. ``none`` is a
+    #: diagnostic mode, never for production: no checksum is computed or verified, so bytes
+    #: damaged in flight reach the consumer (logged once per link, counted in
+    #: ``pdbridge_kv_unverified_chunks_total``).
     checksum: Checksum = Checksum.XXH3
     #: Parallel TCP connections per peer; chunks are striped across them.
     connections: int = 2

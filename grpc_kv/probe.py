@@ -105,6 +105,7 @@ async def loopback(
             resent_bytes=summary.resent_bytes,
             resumes=summary.resumes,
             checksum_failures=summary.checksum_failures,
+            checksum=summary.checksum,
             seconds=round(summary.seconds, 3),
             mbit_s=round(summary.goodput_mbit_s, 2),
             codecs=summary.codecs,

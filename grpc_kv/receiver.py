@@ -89,10 +89,12 @@ class _Servicer:
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     async def begin(self, data: bytes, context: Context) -> bytes:
-        await self._authorize(context)
+        identity = await self._authorize(context)
+        # Identity and host, without the ephemeral port: one "link" per sending node.
+        host = context.peer().rpartition(":")[0]
         try:
             request = _parse(pb.BeginRequest, data, "begin")
-            return bytes(self.store.begin(request).SerializeToString())
+            return bytes(self.store.begin(request, f"{identity}@{host}").SerializeToString())
         except ChunkRejected as exc:
             await self._invalid(context, exc)
         except BeginRefused as exc:

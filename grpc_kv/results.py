@@ -43,6 +43,8 @@ class TransferSummary:
     busy: int = 0
     seconds: float = 0.0
     codecs: dict[str, int] = field(default_factory=dict)
+    #: The per-chunk checksum used: xxh3 | crc32c | none (``none``: nothing was verified).
+    checksum: str = "xxh3"
 
     @property
     def goodput_mbit_s(self) -> float:

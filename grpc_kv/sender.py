@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
+import math
 import random
 import time
 import uuid
@@ -30,6 +32,7 @@ from grpc_kv.codec import (
     CHECKSUM_TO_PB,
     CODEC_TO_PB,
     AutoCodec,
+    Checksum,
     Codec,
     split,
     transfer_digest,
@@ -72,7 +75,8 @@ class Transfer:
         self.header = header
         self.options = options
         self.session = uuid.uuid4().hex
-        self.summary = TransferSummary(header.transfer_id)
+        self.summary = TransferSummary(header.transfer_id, checksum=options.checksum.value)
+        self._unverified = options.checksum is Checksum.NONE
         self._auto = AutoCodec(level=options.zstd_level)
         self._started = time.monotonic()
         self._deadline = self._started + options.timeout_ms / 1000
@@ -92,6 +96,9 @@ class Transfer:
         self._done = False
         self._active = False
         self._timers: set[asyncio.Future[None]] = set()
+        #: Push streams that broke (RPC error, stall): their call objects outlive them.
+        self.broken_calls = 0
+        self.finished = False  # finish() returned: every chunk acknowledged
 
     # -- helpers -------------------------------------------------------------------------
     def remaining(self) -> float:
@@ -169,6 +176,8 @@ class Transfer:
                 self._handle_rpc_error(exc, "begin")
                 await asyncio.sleep(min(self._backoff(attempt), max(self.remaining(), 0)))
                 attempt += 1
+        if self._unverified:
+            self.link.warn_unverified()
         self.link.metrics.active.labels(ROLE).inc()
         self._active = True
         self._workers = [
@@ -306,6 +315,7 @@ class Transfer:
             self._fail(TransferError(f"finish: receiver misses chunks {list(reply.missing)[:8]}"))
             raise self._error  # type: ignore[misc]
         self._done = True
+        self.finished = True
         await self._stop_workers()
         self.summary.bytes_raw = trailer.raw_bytes
         self.summary.chunks = self._next_seq
@@ -356,6 +366,7 @@ class Transfer:
         for task in self._workers:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers = []  # their tracebacks reference this transfer: no cycle kept alive
 
     # -- workers -------------------------------------------------------------------------
     def _acked(self, chunk: OutChunk) -> None:
@@ -428,6 +439,7 @@ class Transfer:
                 asyncio.InvalidStateError,
                 _StreamStalled,
             ) as exc:
+                self.broken_calls += 1
                 if isinstance(exc, grpc.aio.AioRpcError):
                     with contextlib.suppress(TransferError):
                         self._handle_rpc_error(exc, "push")
@@ -452,6 +464,7 @@ class Transfer:
     async def _stream(self, index: int) -> None:
         call = self.link.push(index)(timeout=max(self.remaining(), 0.01))
         reader = asyncio.create_task(self._read_acks(call, index))
+        chunk: OutChunk | None = None
         try:
             while True:
                 chunk = await self._next(index, reader)
@@ -480,11 +493,19 @@ class Transfer:
             if not reader.done():
                 reader.cancel()
                 call.cancel()
+            elif not reader.cancelled():
+                reader.exception()  # a broken stream whose worker is being stopped: seen
+            # A grpc.aio call keeps its TCP connection alive until the call object is freed,
+            # even after the channel is closed; tracebacks of the cancelled workers hold
+            # these frames in reference cycles that only the cyclic GC would break. Drop the
+            # references here so the connection closes with its channel.
+            del call, reader, chunk
 
     async def _read_acks(self, call: Any, index: int) -> None:
         try:
             await self._read_loop(call, index)
         finally:
+            del call  # see _stream
             # Wake the writer of this connection: it must notice the stream ended.
             await self._notify()
 
@@ -526,6 +547,7 @@ class Transfer:
         finally:
             if not read.done():
                 read.cancel()
+            del call, read  # see _stream
 
     async def _on_ack(self, ack: Any) -> None:
         chunk = self._unacked.get(ack.seq)
@@ -538,6 +560,8 @@ class Transfer:
             self.link.observe_acked(chunk.wire)
             self.link.metrics.bytes_raw.labels(ROLE).inc(chunk.raw)
             self.link.metrics.chunks.labels(ROLE).inc()
+            if self._unverified:
+                self.link.metrics.unverified.labels(ROLE).inc()
         elif ack.status == pb.ACK_CORRUPT:
             self.summary.checksum_failures += 1
             self.link.metrics.checksum_failures.labels(ROLE).inc()
@@ -587,3 +611,39 @@ async def open_transfer(
     finally:
         if own:
             await link.close()
+        if transfer.broken_calls or not transfer.finished:
+            _collect_cycles_soon()
+
+
+class _CollectState:
+    last = -math.inf
+    pending: asyncio.AbstractEventLoop | None = None  # the loop a collection is due on
+
+
+_collect = _CollectState()
+#: At most one collection this often (seconds): a long outage fails many transfers.
+COLLECT_INTERVAL_S = 2.0
+
+
+def _collect_cycles_soon() -> None:
+    """After a transfer that did not finish cleanly, run the cyclic GC soon (rate-limited).
+
+    A grpc.aio call that ended in an error or was cancelled on a dead path sits in a
+    reference cycle through grpc's own frames (its exception's traceback); until a full
+    collection frees the call object, it keeps its TCP connection open, closed channel or
+    not. Long-lived processes with large heaps (an engine and its model) run full
+    collections rarely, so without this every failed transfer would hold a descriptor and a
+    connection for minutes. Cheap where the process froze its start-up heap (``gc.freeze()``,
+    as the engines and the gateway do); finished transfers need none of this (the workers
+    drop their references)."""
+    loop = asyncio.get_running_loop()
+    if _collect.pending is loop:
+        return
+    _collect.pending = loop  # (one due on a loop that has closed since does not count)
+    delay = max(0.5, _collect.last + COLLECT_INTERVAL_S - time.monotonic())
+
+    def run() -> None:
+        _collect.pending, _collect.last = None, time.monotonic()
+        gc.collect()
+
+    loop.call_later(delay, run)

@@ -99,7 +99,8 @@ def decode_chunk(
 ) -> bytes | memoryview:
     """Decode and verify one chunk whose payload was cut out of its frame (blocking).
     An uncompressed payload comes back as the same view, uncopied. ChunkRejected for
-    impossible chunks, CorruptChunk when bytes do not match the checksum."""
+    impossible chunks, CorruptChunk when bytes do not match the checksum (never with
+    ``Checksum.NONE``, which verifies nothing; sizes and bombs are still refused)."""
     if chunk.raw_length > max_chunk:
         raise ChunkRejected(f"chunk.raw_length {chunk.raw_length} exceeds the maximum {max_chunk}")
     codec = PB_TO_CODEC.get(chunk.codec)
@@ -113,7 +114,8 @@ def decode_chunk(
             data = decompress(codec, payload, chunk.raw_length)
     except CodecError as exc:
         raise ChunkRejected(f"chunk {chunk.seq}: {exc}") from exc
-    if checksum(kind, data) != chunk.checksum:
+    # Checksum.NONE (diagnostic mode): nothing to verify; the bounds above still held.
+    if kind is not Checksum.NONE and checksum(kind, data) != chunk.checksum:
         raise CorruptChunk(f"chunk {chunk.seq}: checksum mismatch")
     return data
 
@@ -134,6 +136,7 @@ class TransferStore:
         self.memory_in_use = 0
         self._ended: OrderedDict[str, str] = OrderedDict()  # id -> "completed" | failure reason
         self._reaper: asyncio.Task[None] | None = None
+        self._warned_unverified: set[str] = set()  # peers already warned about checksum none
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -193,8 +196,10 @@ class TransferStore:
         transfer.changed.set()
 
     # -- sender side ---------------------------------------------------------------------
-    def begin(self, request: Any) -> Any:
-        """Register a transfer (or resume it: same session). Returns a BeginReply."""
+    def begin(self, request: Any, peer: str = "") -> Any:
+        """Register a transfer (or resume it: same session). Returns a BeginReply.
+        ``peer`` (the sender's identity and host) keys the once-per-link warning of
+        ``checksum=none``."""
         if request.protocol_version != 1:
             raise BeginRefused(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -257,6 +262,8 @@ class TransferStore:
         if request.deadline_ms:
             transfer.deadline = transfer.started + request.deadline_ms / 1000
         self.metrics.active.labels(ROLE).inc()
+        if kind is Checksum.NONE:
+            self._warn_unverified(peer, tid)
         transfer.changed.set()
         log.info(
             "transfer_begun transfer_id=%s request_id=%s layers=%d",
@@ -265,6 +272,20 @@ class TransferStore:
             len(header.layers),
         )
         return pb.BeginReply(contiguous=0, max_chunk_bytes=self.options.max_chunk_bytes)
+
+    def _warn_unverified(self, peer: str, transfer_id: str) -> None:
+        """Log once per sending peer that its chunks are not verified (checksum none)."""
+        if peer in self._warned_unverified:
+            return
+        if len(self._warned_unverified) >= 4096:  # bounded: a flood of peers re-warns
+            self._warned_unverified.clear()
+        self._warned_unverified.add(peer)
+        log.warning(
+            "checksum_disabled peer=%s transfer_id=%s detail=%s",
+            peer,
+            transfer_id,
+            "chunks are neither checksummed nor verified (diagnostic mode, never in production)",
+        )
 
     def lookup(self, transfer_id: str) -> _Transfer:
         transfer = self.transfers.get(transfer_id)
@@ -324,6 +345,8 @@ class TransferStore:
         self.metrics.bytes_raw.labels(ROLE).inc(len(data))
         self.metrics.bytes_wire.labels(ROLE).inc(wire_bytes)
         self.metrics.chunks.labels(ROLE).inc()
+        if transfer.checksum_kind is Checksum.NONE:
+            self.metrics.unverified.labels(ROLE).inc()
         if not transfer.discard:
             kept = data if isinstance(data, bytes) else bytes(data)
             transfer.pending[chunk.seq] = Segment(

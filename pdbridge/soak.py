@@ -6,7 +6,7 @@ against its gateway (log-normal prompt mix: both remote and local paths) for ``-
 and through the remote agent (mTLS, the controller certificate) restarts the prefill engine at
 ``--restart-at`` and cuts the WAN for ``--cut-s`` at ``--cut-at`` (fractions of the duration).
 RSS and open file descriptors of every testbed process are sampled after ``--warmup-s`` and at
-the end, summed per role (console, worker, agent-remote, engine-prefill, ...).
+the end (a few readings each: the fewest fds, the median RSS), summed per role (console, worker, agent-remote, engine-prefill, ...).
 
 Fails (exit 1) when a role's RSS or fds grew by more than ``--max-growth`` (10 %) between the
 two samples, when any client request failed, or when a fault could not be injected. Writes the
@@ -73,6 +73,32 @@ def sample(root: int) -> dict[str, dict[str, int]]:
         entry["rss_kib"] += rss
         entry["fds"] += fds
         entry["processes"] += 1
+    return out
+
+
+def settled_sample(
+    root: int, readings: int = 5, interval_s: float = 0.4
+) -> dict[str, dict[str, int]]:
+    """:func:`sample` taken ``readings`` times; per role the fewest fds and the median RSS.
+
+    Under load a role's descriptors swing with the requests in flight (each remote request
+    opens KV-link connections through both WAN proxies for the length of its transfer), so a
+    single reading measures the traffic of that instant. A leak raises the floor, which the
+    minimum still shows; the median keeps one allocation burst out of the RSS."""
+    taken = []
+    for i in range(readings):
+        if i:
+            time.sleep(interval_s)
+        taken.append(sample(root))
+    out: dict[str, dict[str, int]] = {}
+    for role in set().union(*taken):
+        seen = [t[role] for t in taken if role in t]
+        rss = sorted(entry["rss_kib"] for entry in seen)
+        out[role] = {
+            "rss_kib": rss[len(rss) // 2],
+            "fds": min(entry["fds"] for entry in seen),
+            "processes": max(entry["processes"] for entry in seen),
+        }
     return out
 
 
@@ -167,9 +193,9 @@ def soak(
         time.sleep(max(0.0, began + at - time.monotonic()))
         try:
             if action == "end":
-                samples["end"] = sample(ready["pid"])
+                samples["end"] = settled_sample(ready["pid"])
             elif action == "start":
-                samples["start"] = sample(ready["pid"])
+                samples["start"] = settled_sample(ready["pid"])
                 _say(
                     f"warm-up over: sampled {sum(r['processes'] for r in samples['start'].values())} processes"
                 )

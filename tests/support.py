@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import NoReturn
 
@@ -29,3 +30,13 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo_root()), env.get("PYTHONPATH", "")]))
     env.update(extra)
     return env
+
+
+def connections_to(port: int) -> int:
+    """Established TCP connections on this machine whose destination is ``port`` (the
+    clients' side: what a process that leaks connections keeps open), counted by ``ss``."""
+    out = subprocess.run(
+        ["ss", "-Htn", "state", "established", f"( dport = :{port} )"],
+        capture_output=True, text=True, check=True, timeout=10,
+    ).stdout  # fmt: skip
+    return len(out.splitlines())

@@ -50,6 +50,34 @@ def test_sample_sums_rss_and_fds_per_role_over_the_tree(tree):
     assert gateway["rss_kib"] > 1000
 
 
+def test_settled_sample_reads_the_floor_of_descriptors_that_swing_with_traffic():
+    """Descriptors held only while a request is in flight are not a leak: the settled sample
+    takes the fewest seen over its readings, a single reading may catch the swing."""
+    code = (
+        "import time\n"
+        "while True:\n"
+        "    files = [open('/dev/null') for _ in range(40)]\n"
+        "    time.sleep(0.25)\n"
+        "    for f in files: f.close()\n"
+        "    time.sleep(0.15)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, "engine serve --role decode"])
+    try:
+        time.sleep(0.5)
+        readings = []
+        for _ in range(16):  # 0.8 s: two open/close cycles
+            readings.append(soak.sample(proc.pid)["engine-decode"]["fds"])
+            time.sleep(0.05)
+        settled = soak.settled_sample(proc.pid, readings=6, interval_s=0.17)["engine-decode"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+    assert max(readings) >= min(readings) + 40  # the swing is real
+    assert settled["fds"] == min(readings)
+    assert settled["processes"] == 1
+
+
 def test_growth_over_the_limit_fails_and_a_vanished_role_is_named():
     start = {
         "console": {"rss_kib": 100_000, "fds": 50, "processes": 2},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import ipaddress
 import json
 import logging
@@ -17,7 +18,10 @@ import signal
 import ssl
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from agents.engines.reference.grpc_link import LinkPool
 
 log = logging.getLogger("pdbridge.engines.cli")
 
@@ -111,9 +115,17 @@ def _serve_parser() -> argparse.ArgumentParser:
         help="TCP connections per KV link (grpc_kv default)",
     )
     p.add_argument(
+        "--kv-checksum",
+        default=None,
+        choices=("xxh3", "crc32c", "none"),
+        help="grpc_kv per-chunk checksum of sends (default xxh3; none with "
+        "--no-verify-kv-digests). none is a diagnostic mode, never for production",
+    )
+    p.add_argument(
         "--no-verify-kv-digests",
         action="store_true",
-        help="skip per-segment digests (tests of the oracle)",
+        help="skip per-segment digests on the spool and per-chunk checksums on the grpc_kv "
+        "link (a deployment's checksum=false; tests of the oracle)",
     )
     p.add_argument("--ssl-certfile")
     p.add_argument("--ssl-keyfile")
@@ -122,6 +134,26 @@ def _serve_parser() -> argparse.ArgumentParser:
         "--insecure", action="store_true", help="allow plaintext HTTP on a non-loopback address"
     )
     return p
+
+
+def link_options(args: argparse.Namespace) -> Any:
+    """The grpc_kv ``LinkOptions`` of this engine's sends. ``--no-verify-kv-digests`` (what a
+    deployment's ``checksum=false`` becomes) also turns the link's per-chunk checksums off,
+    so nothing on the path verifies the KV bytes. Raises ValueError naming the option."""
+    from grpc_kv import api as kv
+
+    checksum = args.kv_checksum or ("none" if args.no_verify_kv_digests else "xxh3")
+    if args.no_verify_kv_digests and checksum != "none":
+        raise ValueError(
+            f"--kv-checksum: {checksum} contradicts --no-verify-kv-digests (which means none)"
+        )
+    link: dict[str, Any] = {
+        "compression": kv.Codec(args.kv_compression),
+        "checksum": kv.Checksum(checksum),
+    }
+    if args.kv_connections is not None:
+        link["connections"] = args.kv_connections
+    return kv.LinkOptions(**link)
 
 
 def serve(argv: list[str]) -> int:
@@ -182,9 +214,16 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
     if args.kv_spool is not None:
         receiver = SpoolReceiver(args.kv_spool, verify_digests=not args.no_verify_kv_digests)
     open_sender: SenderFactory = open_spool_sender
+    links: LinkPool | None = None
+    kv_checksum: str | None = None  # the grpc_kv link's per-chunk checksum, when it is used
     kv_tls_given = args.kv_insecure or args.kv_tls_cert
     if kv_tls_given or args.kv_listen:
-        from agents.engines.reference.grpc_link import GrpcReceiver, sender_factory, tls_from_args
+        from agents.engines.reference.grpc_link import (
+            GrpcReceiver,
+            LinkPool,
+            sender_factory,
+            tls_from_args,
+        )
         from grpc_kv import api as kv
 
         try:
@@ -195,14 +234,13 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
                 args.kv_insecure,
                 args.kv_allowed_peer,
             )
-            link: dict[str, Any] = {"compression": kv.Codec(args.kv_compression)}
-            if args.kv_connections is not None:
-                link["connections"] = args.kv_connections
-            options = kv.LinkOptions(**link)
+            options = link_options(args)
+            kv_checksum = options.checksum.value
         except ValueError as exc:
             print(f"pdbridge engine serve: {exc}", file=sys.stderr)
             return 2
-        open_sender = sender_factory(asyncio.get_running_loop(), options, tls)
+        links = LinkPool(options, tls)
+        open_sender = sender_factory(asyncio.get_running_loop(), links)
         if args.kv_listen:
             if receiver is not None:
                 print("--kv-listen and --kv-spool: choose one receiver", file=sys.stderr)
@@ -225,6 +263,11 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
     await site.start()
     server = getattr(site, "_server", None)
     port = server.sockets[0].getsockname()[1] if server and server.sockets else args.port
+    # The models, modules and tensors loaded so far live as long as the process: kept out of
+    # the collector, a full collection (grpc_kv runs one after a broken transfer to free its
+    # connections) walks only the in-flight requests' objects instead of the whole heap.
+    gc.collect()
+    gc.freeze()
     ready = {
         "event": "engine_ready",
         "host": args.host,
@@ -232,6 +275,8 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
         "role": args.role,
         "models": {n: m.fingerprint for n, m in models.items()},
         "kv_listen": getattr(receiver, "address", None),
+        # "none" is the diagnostic mode (--no-verify-kv-digests): say so where operators look.
+        "kv_checksum": kv_checksum,
     }
     print(json.dumps(ready), flush=True)
     stop = asyncio.Event()
@@ -241,6 +286,8 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
     await stop.wait()
     log.info("engine_stopping", extra={"port": port})
     await runner.cleanup()
+    if links is not None:
+        await links.close()
     return 0
 
 

@@ -89,9 +89,19 @@ class RawClient:
             response_deserializer=response.FromString,
         )
 
-    async def begin(self, header: TransferHeader, session: str = "s1", version: int = 1) -> Any:
+    async def begin(
+        self,
+        header: TransferHeader,
+        session: str = "s1",
+        version: int = 1,
+        checksum: int = pb.CHECKSUM_XXH3_64,
+    ) -> Any:
         request = pb.BeginRequest(
-            protocol_version=version, header=header.to_pb(), session=session, deadline_ms=10_000
+            protocol_version=version,
+            header=header.to_pb(),
+            session=session,
+            deadline_ms=10_000,
+            checksum=checksum,
         )
         return await self._method("Begin", pb.BeginReply)(request.SerializeToString(), timeout=5)
 

@@ -1,14 +1,24 @@
 """The link under faults injected by the userspace fault proxy: corruption, cuts, dead paths."""
 
 import asyncio
+import gc
+import logging
 import os
 import time
 
 import pytest
 
-from grpc_kv.api import LinkOptions, TransferFailed, TransferTimeout, open_transfer
+from grpc_kv.api import (
+    Link,
+    LinkMetrics,
+    LinkOptions,
+    TransferFailed,
+    TransferTimeout,
+    open_transfer,
+)
 from grpc_kv.faultproxy import Bandwidth, FaultProxy, Flip
 from tests.grpc_kv.kvtest import INSECURE, make_header, receiver, run
+from tests.support import connections_to
 
 MARKER = b"\x00PDBRIDGE-FLIP-ME\x00"
 
@@ -155,3 +165,129 @@ def test_link_down_past_the_deadline_fails_both_sides_in_time_and_frees_memory(m
     assert times["receiver"] <= deadline_ms / 1000 + 1.0
     assert memory == baseline == 0
     assert active == 0
+
+
+def test_every_way_a_transfer_ends_closes_its_connections_without_the_cyclic_gc():
+    """A grpc.aio call keeps its TCP connection until the call object is freed, channel
+    closed or not; reference cycles through the workers' tracebacks once kept one open per
+    transfer until a full GC (a descriptor leak in long-lived engines). Finished, abandoned
+    and failed transfers must all release their connections by reference counting alone."""
+    options = LinkOptions(
+        chunk_size_bytes=64 * 1024, compression="none", timeout_ms=1500, rpc_timeout_ms=300
+    )
+
+    async def settle(proxy):  # failed ones wait for the rate-limited collection (<= 2.5 s)
+        for _ in range(200):
+            if not connections_to(proxy.port):
+                break
+            await asyncio.sleep(0.02)
+        return connections_to(proxy.port)
+
+    async def scenario():
+        open_after = {}
+        async with receiver() as (server, target):
+            proxy, via = await proxied(target)
+
+            header = make_header({"kv": 1 << 20})
+            consumer = asyncio.create_task(server.open(header.transfer_id, 10.0))
+            async with open_transfer(via, header, options, INSECURE) as tx:
+                await tx.send_layer("kv", os.urandom(1 << 20))
+                await tx.finish()
+            async with await consumer as reader:
+                assert sum([len(s.data) async for s in reader]) == 1 << 20
+            open_after["finished"] = await settle(proxy)
+
+            async def abandoned():
+                async with open_transfer(via, make_header({"kv": 0}), options, INSECURE) as tx:
+                    await tx.send_layer("kv", os.urandom(1 << 20), final=False)
+                    raise RuntimeError("producer gave up")
+
+            with pytest.raises(RuntimeError, match="producer gave up"):
+                await abandoned()
+            open_after["abandoned"] = await settle(proxy)
+
+            async def doomed():  # like an engine's request: nothing kept after it fails
+                try:
+                    async with open_transfer(via, make_header({"kv": 0}), options, INSECURE) as tx:
+                        await tx.send_layer("kv", os.urandom(1 << 20), final=False)
+                        proxy.cut("blackhole")
+                        await tx.send_layer("kv", os.urandom(1 << 20), final=True)
+                        await tx.finish()
+                except TransferTimeout:
+                    return "timeout"
+                return "finished"
+
+            assert await doomed() == "timeout"
+            proxy.restore()
+            open_after["failed"] = await settle(proxy)
+            await proxy.stop()
+        return open_after
+
+    gc.disable()
+    try:
+        open_after = run(scenario())
+    finally:
+        gc.enable()
+
+    assert open_after == {"finished": 0, "abandoned": 0, "failed": 0}
+def test_checksum_none_lets_a_flipped_byte_reach_the_consumer_and_says_so(caplog):
+    """The diagnostic mode really verifies nothing: what the proxy damages is delivered
+    damaged (no resend), counted as unverified, and each end warns once per link."""
+    chunk = 64 * 1024
+    data = b"".join(marked_chunks(4, chunk))
+    options = LinkOptions(
+        chunk_size_bytes=chunk,
+        compression="none",
+        checksum="none",
+        connections=1,
+        timeout_ms=30_000,
+    )
+
+    async def scenario():
+        async with receiver() as (server, target):
+            proxy, via = await proxied(target)
+            flip = proxy.add(Flip(direction="upstream", pattern=MARKER, context=8, limit=1))
+            link = Link(via, options, INSECURE, metrics=LinkMetrics())
+            received, summaries = [], []
+            for _ in range(2):  # two transfers over one link: one warning per end
+                header = make_header({"kv": len(data)})
+                consumer = asyncio.create_task(server.open(header.transfer_id, 30.0))
+                async with open_transfer(via, header, link=link) as tx:
+                    await tx.send_layer("kv", data)
+                    summaries.append(await tx.finish())
+                async with await consumer as reader:
+                    received.append(b"".join([s.data async for s in reader]))
+            await link.close()
+            await proxy.stop()
+            counts = {
+                "receiver_failures": server.metrics.value(
+                    "pdbridge_kv_checksum_failures_total", role="receiver"
+                ),
+                "receiver_unverified": server.metrics.value(
+                    "pdbridge_kv_unverified_chunks_total", role="receiver"
+                ),
+                "sender_unverified": link.metrics.value(
+                    "pdbridge_kv_unverified_chunks_total", role="sender"
+                ),
+            }
+            return flip.flipped, received, summaries, counts
+
+    with caplog.at_level(logging.WARNING, logger="grpc_kv"):
+        flipped, received, summaries, counts = run(scenario())
+
+    assert flipped == 1
+    damaged = received[0]
+    assert len(damaged) == len(data)
+    diff = [i for i in range(len(data)) if damaged[i] != data[i]]
+    marker_ends = {i * chunk + chunk // 2 + len(MARKER) - 1 for i in range(4)}
+    assert len(diff) == 1
+    assert diff[0] in marker_ends
+    assert damaged[diff[0]] == data[diff[0]] ^ 0xFF
+    assert received[1] == data
+    assert [s.checksum for s in summaries] == ["none", "none"]
+    assert [s.checksum_failures for s in summaries] == [0, 0]
+    assert [s.retransmits for s in summaries] == [0, 0]
+    assert counts == {"receiver_failures": 0, "receiver_unverified": 8, "sender_unverified": 8}
+    warnings = [r.getMessage() for r in caplog.records if "checksum_disabled" in r.getMessage()]
+    assert len([w for w in warnings if "target=" in w]) == 1
+    assert len([w for w in warnings if "peer=" in w]) == 1

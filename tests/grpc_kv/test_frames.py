@@ -7,6 +7,7 @@ import pytest
 import zstandard
 
 from grpc_kv.api import LinkOptions, ReceiverOptions, open_transfer
+from grpc_kv.protocol import pb
 from tests.grpc_kv.kvtest import INSECURE, RawClient, chunk_frame, make_header, receiver, run
 
 BOMB = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(256 << 20))
@@ -29,14 +30,16 @@ def bad_frames(tid):
     }
 
 
+# Checksum none (diagnostic mode) verifies no bytes, but every bound still holds.
+@pytest.mark.parametrize("checksum", [pb.CHECKSUM_XXH3_64, pb.CHECKSUM_NONE], ids=["xxh3", "none"])
 @pytest.mark.parametrize("kind", list(bad_frames("x")))
-def test_bad_frame_is_invalid_argument_and_others_still_transfer(kind):
+def test_bad_frame_is_invalid_argument_and_others_still_transfer(kind, checksum):
     async def scenario():
         options = ReceiverOptions(max_chunk_bytes=1 << 20)
         async with receiver(options) as (server, target):
             raw = RawClient(target)
             bad = make_header({"l0": 4096})
-            await raw.begin(bad)
+            await raw.begin(bad, checksum=checksum)
             with pytest.raises(grpc.aio.AioRpcError) as err:
                 await raw.push([bad_frames(bad.transfer_id)[kind]])
             await raw.close()

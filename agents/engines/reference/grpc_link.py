@@ -74,6 +74,69 @@ def to_kv_header(header: TransferHeader) -> kv.TransferHeader:
     )
 
 
+class LinkPool:
+    """The engine's long-lived grpc_kv links, one per destination ``host:port``.
+
+    Transfers to the same decode receiver share its connections: no TCP and TLS handshakes
+    (several WAN round trips) on each request's path, a steady number of descriptors, and one
+    token bucket so the link's utilisation ceiling holds across concurrent transfers rather
+    than per transfer. A broken connection is replaced by the link itself (reconnect, resume).
+    A link older than ``max_age_s`` is retired: new transfers get a fresh one, which reads the
+    certificate files again (rotation), and the old one closes when its last transfer ends.
+    Used only on the event loop (grpc.aio channels belong to the loop that made them).
+    """
+
+    def __init__(
+        self, options: kv.LinkOptions, tls: kv.TLSConfig, max_age_s: float = 300.0
+    ) -> None:
+        self.options = options
+        self.tls = tls
+        self.max_age_s = max_age_s
+        self._current: dict[str, tuple[kv.Link, float]] = {}
+        self._users: dict[kv.Link, int] = {}
+        self._retired: set[kv.Link] = set()
+        self._closing: set[asyncio.Future[None]] = set()
+
+    def acquire(self, target: str) -> kv.Link:
+        link, born = self._current.get(target, (None, 0.0))
+        if link is not None and time.monotonic() - born > self.max_age_s:
+            del self._current[target]
+            self._retire(link)
+            link = None
+        if link is None:
+            link = kv.Link(target, self.options, self.tls)
+            self._current[target] = (link, time.monotonic())
+        self._users[link] = self._users.get(link, 0) + 1
+        return link
+
+    async def release(self, link: kv.Link) -> None:
+        self._users[link] -= 1
+        if link in self._retired and not self._users[link]:
+            await self._close(link)
+
+    def _retire(self, link: kv.Link) -> None:
+        self._retired.add(link)
+        if not self._users.get(link):
+            task = asyncio.ensure_future(self._close(link))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def _close(self, link: kv.Link) -> None:
+        self._retired.discard(link)
+        self._users.pop(link, None)
+        await link.close()
+
+    @property
+    def links(self) -> int:
+        """Open links (current and retired ones still carrying a transfer)."""
+        return len(self._users)
+
+    async def close(self) -> None:
+        links = [link for link, _ in self._current.values()] + list(self._retired)
+        self._current.clear()
+        await asyncio.gather(*(self._close(link) for link in links), return_exceptions=True)
+
+
 class GrpcSender(KvSender):
     """One transfer over grpc_kv. Created on the compute thread; its coroutines run on ``loop``."""
 
@@ -82,15 +145,23 @@ class GrpcSender(KvSender):
         loop: asyncio.AbstractEventLoop,
         target: str,
         header: TransferHeader,
-        options: kv.LinkOptions,
-        tls: kv.TLSConfig,
+        pool: LinkPool,
     ) -> None:
         self._loop = loop
         self._t0 = time.monotonic()
-        self._cm: AbstractAsyncContextManager[kv.Transfer] = kv.open_transfer(
-            target, to_kv_header(header), options, tls
-        )
-        self._tx: kv.Transfer = self._call(self._cm.__aenter__())
+        self._pool = pool
+        self._left = False  # open_transfer's block was left (finished, failed or aborted)
+
+        async def enter() -> tuple[kv.Link, AbstractAsyncContextManager[kv.Transfer], kv.Transfer]:
+            link = pool.acquire(target)
+            cm = kv.open_transfer(target, to_kv_header(header), pool.options, link=link)
+            try:
+                return link, cm, await cm.__aenter__()
+            except BaseException:
+                await pool.release(link)
+                raise
+
+        self._link, self._cm, self._tx = self._call(enter())
 
     def _call(self, coro: Awaitable[T]) -> T:
         try:
@@ -109,9 +180,20 @@ class GrpcSender(KvSender):
     async def finish(self) -> TransferSummary:
         try:
             summary = await self._tx.finish()
-            await self._cm.__aexit__(None, None, None)
-        except (kv.TransferError, kv.TransferFailed) as exc:
-            raise _map_error(exc) from exc
+        except BaseException as exc:
+            # Cancelled (the caller went away) or failed: the link's connections must close
+            # here, or every such transfer leaves its TCP connections open for good.
+            try:
+                await self._leave(exc)
+            except Exception as close_exc:  # never mask the cause
+                log.warning("kv_close_failed", extra={"error": repr(close_exc)})
+            if isinstance(exc, (kv.TransferError, kv.TransferFailed)):
+                raise _map_error(exc) from exc
+            if isinstance(exc, Exception):
+                raise TransferLinkError(f"{type(exc).__name__}: {exc}") from exc
+            raise
+        try:
+            await self._leave(None)
         except Exception as exc:
             raise TransferLinkError(f"{type(exc).__name__}: {exc}") from exc
         return TransferSummary(
@@ -125,6 +207,7 @@ class GrpcSender(KvSender):
                 "retransmits": summary.retransmits,
                 "resumes": summary.resumes,
                 "checksum_failures": summary.checksum_failures,
+                "checksum": summary.checksum,
                 "codecs": dict(summary.codecs),
             },
         )
@@ -132,9 +215,23 @@ class GrpcSender(KvSender):
     async def abort(self, reason: str) -> None:
         err = TransferError(reason)
         try:
-            await self._cm.__aexit__(type(err), err, None)
+            await self._leave(err)
         except Exception as exc:  # the transfer is being abandoned: log, never mask the cause
             log.warning("kv_abort_failed", extra={"error": repr(exc)})
+
+    async def _leave(self, exc: BaseException | None) -> None:
+        """Leave ``open_transfer`` once: cancels the transfer unless it finished, then hands
+        the link back to the pool. Shielded, so a cancelled caller still lets go of it."""
+        if self._left:
+            return
+        self._left = True
+        try:
+            if exc is None:
+                await asyncio.shield(self._cm.__aexit__(None, None, None))
+            else:
+                await asyncio.shield(self._cm.__aexit__(type(exc), exc, exc.__traceback__))
+        finally:
+            await asyncio.shield(self._pool.release(self._link))
 
 
 def _map_error(exc: BaseException) -> TransferError:
@@ -148,10 +245,9 @@ def _map_error(exc: BaseException) -> TransferError:
     return TransferCorrupt(text)
 
 
-def sender_factory(
-    loop: asyncio.AbstractEventLoop, options: kv.LinkOptions, tls: kv.TLSConfig
-) -> SenderFactory:
-    """``kv_destination`` -> sender: ``spool:/dir`` stays local, ``host:port`` uses grpc_kv."""
+def sender_factory(loop: asyncio.AbstractEventLoop, pool: LinkPool) -> SenderFactory:
+    """``kv_destination`` -> sender: ``spool:/dir`` stays local, ``host:port`` uses grpc_kv
+    over the pool's link to that destination."""
 
     def open_sender(destination: str, header: TransferHeader) -> KvSender:
         if destination.startswith("spool:"):
@@ -161,7 +257,7 @@ def sender_factory(
             raise TransferRejected(
                 f"kv_destination: {destination!r} is neither host:port nor spool:/path"
             )
-        return GrpcSender(loop, destination, header, options, tls)
+        return GrpcSender(loop, destination, header, pool)
 
     return open_sender
 

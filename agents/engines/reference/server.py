@@ -336,6 +336,11 @@ class ReferenceEngine:
                 await asyncio.shield(streamer.abort("transfer failed"))
                 self.metrics.kv_transfers.labels(direction="send", outcome="failed", **labels).inc()
                 raise
+            except BaseException:
+                # Cancelled (the gateway dropped the prefill leg) or anything unexpected: the
+                # transfer and its connections still have to be released.
+                await asyncio.shield(streamer.abort("prefill canceled"))
+                raise
             self.metrics.kv_transfers.labels(direction="send", outcome="ok", **labels).inc()
             self.metrics.kv_bytes.labels(direction="send", **labels).inc(summary.bytes)
             sess.path = "prefill"

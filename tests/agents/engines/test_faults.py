@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,8 +15,9 @@ from typing import Any
 import pytest
 
 from agents.engines.verify import compare, make_prompt
-from grpc_kv.faultproxy import FaultProxy, Flip
+from grpc_kv.faultproxy import Bandwidth, FaultProxy, Flip
 from tests.agents.engines.client import decode_leg, post, prefill_leg
+from tests.support import connections_to
 
 
 class ProxyThread:
@@ -109,3 +111,39 @@ def test_cut_link_fails_prefill_leg_and_decode_falls_back(engine_pair, grpc_deco
         "transfer_failed",
     }
     assert compare(local, fallback) == (True, 6, 6, None)
+
+
+def test_prefill_client_gone_mid_transfer_leaves_the_pooled_link_as_it_was(
+    engine_pair, grpc_decode, proxy
+):
+    """The gateway drops a prefill leg (timeout, fallback) while the KV is still on the wire:
+    the engine ends the transfer, and its link to that receiver keeps the connections it had
+    (one per ``connections``) instead of leaving a set behind per request."""
+    prefill, _ = engine_pair
+    port = int(proxy.address.rsplit(":", 1)[1])
+    body = {"model": "qwen3-next", "prompt": make_prompt(700, seed=4), "max_tokens": 1}
+
+    def remote_prefill(timeout: float) -> int:
+        kv = {
+            "do_remote_decode": True,
+            "transfer_id": f"f-{uuid.uuid4().hex}",
+            "kv_destination": proxy.address,
+        }
+        return post(f"{prefill.url}/v1/completions", {**body, "kv_transfer_params": kv}, timeout)[0]
+
+    assert remote_prefill(60) == 200
+    pooled = connections_to(port)
+    proxy.call(proxy.proxy.add, Bandwidth(direction="upstream", bytes_per_s=20_000))
+    with pytest.raises(TimeoutError):
+        remote_prefill(1.0)
+    proxy.call(proxy.proxy.clear)
+
+    # The abandoned transfer fails at its deadline (timeout_ms) at the latest, its broken
+    # streams are replaced; then the link is back to its own connections and works.
+    deadline = time.monotonic() + 15
+    while connections_to(port) > pooled and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert 1 <= pooled <= 2
+    assert connections_to(port) <= pooled
+    assert [remote_prefill(60) for _ in range(3)] == [200, 200, 200]
+    assert connections_to(port) <= pooled

@@ -37,6 +37,8 @@ def test_remote_prefill_over_grpc_kv_matches_local(engine_pair, grpc_decode, mod
     assert headers["x-pdbridge-path"] == "remote"
     assert pre["kv_transfer_params"]["bytes"] > 0
     assert pre["kv_transfer_params"]["chunks"] >= 1
+    assert pre["kv_transfer_params"]["checksum"] == "xxh3"  # checksums on unless told off
+    assert grpc_decode.ready["kv_checksum"] == "xxh3"
     assert compare(local, remote) == (True, 10, 10, None)
 
 
