@@ -27,7 +27,7 @@ from agents.client import AgentClient
 from console.core import celery_client
 from console.deployments import flows
 from console.deployments.models import Deployment
-from console.deployments.services import pool_create
+from console.deployments.services import deployment_update, pool_create, pool_update
 from console.inventory.models import Link, Node
 from console.inventory.services import node_token_issue, node_update
 from console.rollouts.services import rollout_plan_create
@@ -77,6 +77,12 @@ class World:
     def children(self, site: str) -> dict[str, Any]:
         status = self.agent_call(site, lambda a: a.status())
         return {c.name: c for c in status.children}
+
+    def engine_ready(self, site: str, name: str) -> dict[str, Any]:
+        """The last ``engine_ready`` line a child engine printed (its log, through the agent)."""
+        answer = self.agent_call(site, lambda a: a.logs(name, offset=-(1 << 20), max_bytes=1 << 20))
+        lines = answer.data.decode(errors="replace").splitlines()
+        return [json.loads(x) for x in lines if x.startswith('{"event": "engine_ready"')][-1]
 
     def agent_events(self, site: str, event: str) -> list[dict[str, Any]]:
         """The site agent's structured log lines of one event."""
@@ -351,30 +357,66 @@ def test_deploy_from_nothing_to_full_share_with_evidence_and_a_worker_killed_mid
     assert "remote" in {path for status, path in traffic.results if status == 200}
 
 
+def _checksums_off_on_a_plaintext_kv_link(world: World) -> None:
+    """Per-chunk checksums off (``checksum=false``: link checksum mode ``none``), raw chunks,
+    and the KV link in plaintext: over TLS a flipped byte fails the record's MAC and the
+    connection drops, so silent corruption -- what the checksums exist for -- needs a link
+    that TLS does not cover. The engines are relaunched with these settings by steps 3-4."""
+    dep = world.deployment
+    deployment_update(
+        actor=None, deployment=dep, checksum=False, compression="none", reason="test: no checksums"
+    )
+    for pool in dep.pools.all():
+        engine_settings = {k: v for k, v in pool.engine_settings.items() if k != "kv_tls"}
+        pool_update(actor=None, pool=pool, engine_settings={**engine_settings, "kv_insecure": True})
+
+
 def test_verification_failure_leaves_share_zero_and_retry_from_that_step_succeeds(
     start_worker, db_open
 ):
     world = db_open
     start_worker(stale_s=3)
+    _checksums_off_on_a_plaintext_kv_link(world)
     params = {**PARAMS, "verify_lengths": [120], "verify_deadline_s": 4}
-    # The WAN path of the KV link is cut (the remote agent's proxy resets every connection):
-    # remote-prefilled outputs cannot be produced, so verification cannot match.
-    world.agent_call("remote", lambda a: a.inject_fault("link_cut", "local", 120, {}))
+    # The remote agent's fault proxy on the WAN path of the KV link flips one byte in every
+    # 4 KiB the prefill engine sends: with checksums off the decode engine imports the
+    # damaged KV, and its output diverges from the local-only run.
+    fault = world.agent_call(
+        "remote", lambda a: a.inject_fault("link_degrade", "local", 300, {"corrupt_every_kb": 4})
+    ).fault
     try:
         run = flows.deployment_deploy(actor=None, deployment=world.deployment, params=params)
         wait_for(lambda: ended(run.pk), timeout=300, what="deploy run fails")
     finally:
-        world.agent_call("remote", lambda a: a.clear_fault())
+        world.agent_call("remote", lambda a: a.clear_fault(fault.id))
 
     assert run_of(run.pk).state == "failed", describe(run.pk)
     steps = steps_of(run.pk)
-    assert steps["verification"].state == "failed"
-    assert "verification mismatch" in steps["verification"].error
-    assert steps["canary"].state == "pending"
+    assert [s.state for s in sorted(steps.values(), key=lambda s: s.index)] == [
+        *["succeeded"] * 6,
+        "failed",
+        "pending",
+    ]
+    verification = steps["verification"]
+    assert verification.error.startswith("verification mismatch on localhost at 120 tokens: ")
+    [report] = verification.evidence["reports"]
+    [prompt] = report["prompts"]
+    # The damaged KV was imported (the remote path served, no fallback, no transfer error)
+    # and the evidence names the first divergent step.
+    assert (prompt["match"], prompt["error"], prompt["remote_path"]) == (False, None, "remote")
+    divergence = prompt["first_divergence"]
+    assert divergence["kind"] in {"token", "logits"}
+    assert divergence["position"] == prompt["prompt_tokens"] + divergence["step"]
+    assert f"'position': {divergence['position']}" in verification.error
+    assert verification.evidence["ok"] is False
+    # Steps 3-4 relaunched the engines with the link's checksum mode none.
+    prefill_name = f"dep{world.deployment_id}-prefill"
+    assert world.engine_ready("remote", prefill_name)["kv_checksum"] == "none"
     # on_failure runs right after the failure is recorded: the safe state follows at once.
     dep = wait_for(lambda: world.deployment.state == "failed" and world.deployment, 30)
     assert dep.remote_share_percent == 0
 
+    # The cause removed (the fault cleared above; checksums may stay off on a sound link).
     run_services.run_retry(actor=None, run=run_of(run.pk), from_index=6)
     with topo.Traffic(world.gateway_url, world.pki.ssl_context()):
         wait_for(lambda: ended(run.pk), timeout=600, what="retried run ends")
