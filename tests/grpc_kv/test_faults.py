@@ -230,6 +230,8 @@ def test_every_way_a_transfer_ends_closes_its_connections_without_the_cyclic_gc(
         gc.enable()
 
     assert open_after == {"finished": 0, "abandoned": 0, "failed": 0}
+
+
 def test_checksum_none_lets_a_flipped_byte_reach_the_consumer_and_says_so(caplog):
     """The diagnostic mode really verifies nothing: what the proxy damages is delivered
     damaged (no resend), counted as unverified, and each end warns once per link."""
