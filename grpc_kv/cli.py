@@ -70,6 +70,7 @@ async def _serve(args: argparse.Namespace) -> int:
         memory_budget_bytes=int(args.memory_budget_mb * MIB),
         max_chunk_bytes=int(args.max_chunk_mb * MIB),
         ttl_s=args.ttl_s,
+        accept_unverified=args.accept_unverified,
     )
     server = ReceiverServer(args.bind, options, _tls(args), local_socket=args.local_socket)
     port = await server.start()
@@ -177,6 +178,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--memory-budget-mb", type=float, default=1024)
     serve.add_argument("--max-chunk-mb", type=float, default=64)
     serve.add_argument("--ttl-s", type=float, default=30.0)
+    serve.add_argument(
+        "--accept-unverified",
+        action="store_true",
+        help="accept transfers sent with checksum none (diagnostics; refused by default)",
+    )
     serve.add_argument("--grace-s", type=float, default=2.0)
     _tls_args(serve)
 

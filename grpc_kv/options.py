@@ -115,9 +115,15 @@ class ReceiverOptions:
     remember_completed: int = 65536
     #: gRPC keepalive: ping an idle connection every this many ms (detects dead WAN paths).
     keepalive_ms: int = 10_000
+    #: Accept transfers whose sender turned per-chunk checksums off (``checksum="none"``,
+    #: diagnostics only). Off: such a transfer is refused at Begin (FAILED_PRECONDITION), so
+    #: a misconfigured sender can never hand unverified KV to a decode engine.
+    accept_unverified: bool = False
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
+            if f.type in (bool, "bool"):
+                continue
             if getattr(self, f.name) <= 0:
                 raise ValueError(f"{f.name}: must be > 0, got {getattr(self, f.name)!r}")
 

@@ -215,6 +215,12 @@ class TransferStore:
         kind = PB_TO_CHECKSUM.get(request.checksum)
         if kind is None:
             raise BeginRefused(grpc.StatusCode.INVALID_ARGUMENT, "checksum: unknown kind")
+        if kind is Checksum.NONE and not self.options.accept_unverified:
+            raise BeginRefused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "checksum: this receiver refuses unverified transfers (checksum none); it "
+                "accepts them only when started with accept_unverified (diagnostics)",
+            )
         tid = header.transfer_id
         ended = self._ended.get(tid)
         transfer = self.transfers.get(tid)

@@ -245,7 +245,13 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
                 print("--kv-listen and --kv-spool: choose one receiver", file=sys.stderr)
                 return 2
             try:
-                receiver = await GrpcReceiver.start(args.kv_listen, tls)
+                # A decode engine told not to verify KV (the deployment's checksum: false)
+                # accepts unverified transfers; any other refuses them.
+                receiver = await GrpcReceiver.start(
+                    args.kv_listen,
+                    tls,
+                    kv.ReceiverOptions(accept_unverified=options.checksum is kv.Checksum.NONE),
+                )
             except (RuntimeError, ValueError, OSError) as exc:
                 print(f"--kv-listen: {exc}", file=sys.stderr)
                 return 2

@@ -12,6 +12,7 @@ from grpc_kv.api import (
     Link,
     LinkMetrics,
     LinkOptions,
+    ReceiverOptions,
     TransferFailed,
     TransferTimeout,
     open_transfer,
@@ -246,7 +247,7 @@ def test_checksum_none_lets_a_flipped_byte_reach_the_consumer_and_says_so(caplog
     )
 
     async def scenario():
-        async with receiver() as (server, target):
+        async with receiver(ReceiverOptions(accept_unverified=True)) as (server, target):
             proxy, via = await proxied(target)
             flip = proxy.add(Flip(direction="upstream", pattern=MARKER, context=8, limit=1))
             link = Link(via, options, INSECURE, metrics=LinkMetrics())

@@ -35,7 +35,7 @@ def bad_frames(tid):
 @pytest.mark.parametrize("kind", list(bad_frames("x")))
 def test_bad_frame_is_invalid_argument_and_others_still_transfer(kind, checksum):
     async def scenario():
-        options = ReceiverOptions(max_chunk_bytes=1 << 20)
+        options = ReceiverOptions(max_chunk_bytes=1 << 20, accept_unverified=True)
         async with receiver(options) as (server, target):
             raw = RawClient(target)
             bad = make_header({"l0": 4096})
@@ -95,3 +95,21 @@ def test_corrupt_chunk_is_answered_resend_and_never_delivered():
     assert [a.status for a in acks] == [1, 0]  # ACK_CORRUPT, then ACK_OK
     assert failures == 1
     assert memory == 4
+
+
+def test_a_receiver_refuses_unverified_transfers_unless_told_to_accept_them():
+    """checksum none is a sender-side diagnostic: a receiver not started for it refuses the
+    transfer at Begin, before any byte, so unverified KV never reaches a decode engine."""
+
+    async def scenario():
+        async with receiver() as (_server, target):
+            raw = RawClient(target)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await raw.begin(make_header({"l0": 4096}), checksum=pb.CHECKSUM_NONE)
+            await raw.close()
+        return err.value
+
+    err = run(scenario())
+
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "refuses unverified transfers" in err.details()
