@@ -224,6 +224,7 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
             sender_factory,
             tls_from_args,
         )
+        from grpc_kv import api as kv
 
         try:
             tls = tls_from_args(
