@@ -28,9 +28,18 @@ from agents.config import AgentConfig, split_host_port
 from agents.console import ConsoleClient, utc_now_iso
 from agents.faults import Fault, FaultContext
 from agents.faults.manager import FaultManager, Journal
-from agents.launch import ChildSpec, LaunchError, pick_port, resolve_adapter, validate_spec
+from agents.launch import (
+    ENGINE_KINDS,
+    ChildSpec,
+    LaunchError,
+    pick_port,
+    resolve_adapter,
+    validate_spec,
+)
 from agents.metrics import AgentMetrics, metrics_app
 from agents.supervisor import STATES, Child, ChildEvents
+from agents.tlsreport import TlsReporter
+from agents.weights import WeightsHasher
 from grpc_kv.faultproxy import FaultProxy
 from pdbridge import __version__
 
@@ -100,6 +109,8 @@ class AgentService:
         self.started = time.monotonic()
         self.accelerators = config.capacity.accelerators or detect_accelerators()
         self.metrics_port = 0
+        self.weights = WeightsHasher()
+        self.tls = TlsReporter(config)
         # One lock per child name: launches of different children run side by side (a vLLM
         # start takes minutes), the same name is serialized.
         self._locks: dict[str, asyncio.Lock] = {}
@@ -319,7 +330,19 @@ class AgentService:
             "healthy": child.healthy and child.state == "running",
             "restarts": child.restarts,
             "config_version": child.spec.config_version,
+            "deployment_id": child.spec.deployment_id,
         }
+
+    def _engine_models(self) -> dict[str, tuple[str, str | None]]:
+        """Engine children's model specs (and models directory), for the weights report."""
+        out: dict[str, tuple[str, str | None]] = {}
+        for name, child in self.children.items():
+            spec = child.spec
+            if spec.kind in ENGINE_KINDS and isinstance(spec.settings.get("model"), str):
+                extra = spec.settings.get("kv_connector_extra_config") or {}
+                models_dir = extra.get("models_dir") if isinstance(extra, dict) else None
+                out[name] = (spec.settings["model"], str(models_dir) if models_dir else None)
+        return out
 
     def heartbeat_body(self) -> dict[str, Any]:
         """The heartbeat JSON of the console contract (``POST /api/heartbeats/``)."""
@@ -341,6 +364,8 @@ class AgentService:
                 for f in self.faults.active.values()
             ],
             "config_versions": versions,
+            "tls": self.tls.report(),
+            "weights": self.weights.report(self.config.models, self._engine_models()),
         }
 
     def refresh_metrics(self) -> None:
