@@ -143,6 +143,7 @@ class AgentService:
             proxy = FaultProxy(upstream=proxy_config.upstream, listen=proxy_config.listen)
             await proxy.start()
             self.proxies[site] = proxy
+        self.weights.report(self.config.models, {})  # queue the held models' hashes now
         restored = await self.faults.start()
         if restored:
             log.warning("agent.restored_journalled_faults", extra={"count": restored})
@@ -214,6 +215,11 @@ class AgentService:
         child is started and healthy before the old one stops). A child that cannot become
         healthy raises LaunchError (DEADLINE_EXCEEDED / ABORTED) and is not kept."""
         validate_spec(spec)
+        model = self._engine_model(spec)
+        if model is not None:
+            # Start hashing while the engine loads, so that the first heartbeat after it is up
+            # carries the digest rather than "hashing" (the lookup itself does not block).
+            self.weights.report({}, {spec.name: model})
         async with self._lock_for(spec.name):
             self._launching.add(spec.name)
             try:
@@ -333,15 +339,22 @@ class AgentService:
             "deployment_id": child.spec.deployment_id,
         }
 
+    @staticmethod
+    def _engine_model(spec: ChildSpec) -> tuple[str, str | None] | None:
+        """An engine child's model spec and models directory (None for other children)."""
+        if spec.kind not in ENGINE_KINDS or not isinstance(spec.settings.get("model"), str):
+            return None
+        extra = spec.settings.get("kv_connector_extra_config") or {}
+        models_dir = extra.get("models_dir") if isinstance(extra, dict) else None
+        return spec.settings["model"], str(models_dir) if models_dir else None
+
     def _engine_models(self) -> dict[str, tuple[str, str | None]]:
         """Engine children's model specs (and models directory), for the weights report."""
         out: dict[str, tuple[str, str | None]] = {}
         for name, child in self.children.items():
-            spec = child.spec
-            if spec.kind in ENGINE_KINDS and isinstance(spec.settings.get("model"), str):
-                extra = spec.settings.get("kv_connector_extra_config") or {}
-                models_dir = extra.get("models_dir") if isinstance(extra, dict) else None
-                out[name] = (spec.settings["model"], str(models_dir) if models_dir else None)
+            model = self._engine_model(child.spec)
+            if model is not None:
+                out[name] = model
         return out
 
     def heartbeat_body(self) -> dict[str, Any]:

