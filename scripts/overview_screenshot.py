@@ -53,17 +53,15 @@ def _admin_password(log: Path) -> str:
     return match.group(1)
 
 
-def _loadgen(endpoints: dict, seconds: float, work: Path) -> dict:
-    summary = work / "loadgen-summary.json"
+def _start_loadgen(endpoints: dict, seconds: float, work: Path) -> subprocess.Popen[bytes]:
     command = [
         sys.executable, "-m", "pdbridge.cli", "loadgen",
         "--url", endpoints["gateway_url"], "--model", endpoints["served_model"],
         "--ca", endpoints["ca"], "--duration-s", str(seconds), "--concurrency", "4",
-        "--max-tokens", "8", "--output", str(work / "loadgen.jsonl"), "--summary", str(summary),
+        "--max-tokens", "8", "--output", str(work / "loadgen.jsonl"),
+        "--summary", str(work / "loadgen-summary.json"),
     ]  # fmt: skip
-    subprocess.run(command, cwd=REPO, check=True, timeout=seconds + 300)  # noqa: S603
-    result: dict = json.loads(summary.read_text())
-    return result
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL)  # noqa: S603
 
 
 def _screenshot(endpoints: dict, password: str, out: Path, settle_s: float) -> None:
@@ -83,8 +81,9 @@ def _screenshot(endpoints: dict, password: str, out: Path, settle_s: float) -> N
             page.fill("#id_password", password)
             page.click("button[type=submit]")
             page.wait_for_url(f"{base}/")
-            # The gateway's metrics reach the console on the beat's scrape: reload until the
-            # deployment shows a path mix, or give up after settle_s and take what is there.
+            # The gateway's metrics reach the console on the beat's 30 s scrape, as rates
+            # between two scrapes: reload (while traffic still flows) until the deployment
+            # shows a path mix, or give up after settle_s and take what is there.
             deadline = time.monotonic() + settle_s
             while (
                 "no traffic recorded" in page.inner_text("#deployments")
@@ -102,8 +101,10 @@ def _screenshot(endpoints: dict, password: str, out: Path, settle_s: float) -> N
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "img" / "overview.png")
-    parser.add_argument("--traffic-s", type=float, default=60.0, help="seconds of loadgen traffic")
-    parser.add_argument("--settle-s", type=float, default=90.0, help="wait for metrics")
+    parser.add_argument("--traffic-s", type=float, default=150.0, help="seconds of loadgen traffic")
+    parser.add_argument(
+        "--settle-s", type=float, default=120.0, help="wait for metrics (< traffic)"
+    )
     parser.add_argument("--up-timeout-s", type=float, default=1200.0)
     args = parser.parse_args(argv)
     if not Path(CHROMIUM).exists():
@@ -123,11 +124,17 @@ def main(argv: list[str]) -> int:
         try:
             endpoints = _wait_ready(proc, ready, log, args.up_timeout_s)
             _say(f"up: console {endpoints['console_url']}, gateway {endpoints['gateway_url']}")
-            summary = _loadgen(endpoints, args.traffic_s, work)
+            # Traffic flows while the screenshot is taken: once it stops, the next scrape
+            # records a rate of zero and the path mix is empty again.
+            loadgen = _start_loadgen(endpoints, args.traffic_s, work)
+            try:
+                _screenshot(endpoints, _admin_password(log), args.out, args.settle_s)
+            finally:
+                loadgen.wait(args.traffic_s + 300)
+            summary = json.loads((work / "loadgen-summary.json").read_text())
             _say(f"traffic: {json.dumps(summary)[:400]}")
-            _screenshot(endpoints, _admin_password(log), args.out, args.settle_s)
             _say(f"wrote {args.out}")
-        except (RuntimeError, subprocess.SubprocessError) as exc:
+        except (RuntimeError, subprocess.SubprocessError, OSError) as exc:
             _say(f"failed: {exc}")
             return 1
         finally:
