@@ -10,7 +10,8 @@ controller's client certificate); the pages are summed; the sum is stored as one
 ``gateway_scrape`` sample whose labels hold the cumulative counters. The charted rates and
 quantiles are the traffic *between* that scrape and the previous one (``gateway_metrics.window``,
 which treats a counter that went down as a restart): requests per second by path, TTFT p50 / p99
-by path, success ratio, plus the configured remote share and each prefill link's utilisation.
+and median TPOT by path, success ratio, plus the gauges (configured remote share, effective
+threshold) and each prefill link's utilisation.
 Blocking (one HTTP round trip per gateway, each with a deadline); an unreachable gateway is
 logged and left out, never raised.
 """
@@ -49,7 +50,7 @@ def _scrape(deployment: Deployment) -> tuple[dict[str, Any] | None, dict[str, fl
     except agentops.AgentOpsError:
         return None, {}
     ssl_ctx = agentops.http_ssl_context()
-    total: dict[str, Any] = {"requests": {}, "ttft_buckets": {}}
+    total: dict[str, Any] = {"requests": {}, "ttft_buckets": {}, "tpot_buckets": {}}
     extra: dict[str, float] = {}
     answered = 0
     for target in targets:
@@ -62,12 +63,15 @@ def _scrape(deployment: Deployment) -> tuple[dict[str, Any] | None, dict[str, fl
         answered += 1
         for key, value in page["requests"].items():
             total["requests"][key] = total["requests"].get(key, 0.0) + value
-        for path, buckets in page["ttft_buckets"].items():
-            into = total["ttft_buckets"].setdefault(path, {})
-            for le, count in buckets.items():
-                into[le] = into.get(le, 0.0) + count
+        for kind in ("ttft_buckets", "tpot_buckets"):
+            for path, buckets in page[kind].items():
+                into = total[kind].setdefault(path, {})
+                for le, count in buckets.items():
+                    into[le] = into.get(le, 0.0) + count
         if page["remote_share"] is not None:
             extra["remote_share"] = page["remote_share"]
+        if page["effective_threshold"] is not None:
+            extra["effective_threshold"] = page["effective_threshold"]
         for site, ratio in page["link_utilization"].items():
             extra[f"util:{site}"] = max(extra.get(f"util:{site}", 0.0), ratio)
     return (total if answered else None), extra
@@ -98,9 +102,12 @@ def record_window(
         total, ok = gm.requests_on(win, path)
         all_total, all_ok = all_total + total, all_ok + ok
         values = {names.REQUESTS: total / seconds}
-        buckets = win["ttft_buckets"].get(path, {})
-        for name, q in ((names.TTFT_P50, 0.5), (names.TTFT_P99, 0.99)):
-            value = gm.quantile(buckets, q)
+        for name, kind, q in (
+            (names.TTFT_P50, "ttft_buckets", 0.5),
+            (names.TTFT_P99, "ttft_buckets", 0.99),
+            (names.TPOT, "tpot_buckets", 0.5),  # the median request's time per output token
+        ):
+            value = gm.quantile(win[kind].get(path, {}), q)
             if value is not None:
                 values[name] = value
         written += samples_record_many(
@@ -127,10 +134,15 @@ def collect_deployment(deployment: Deployment, now: datetime | None = None) -> i
         labels=figures,
         at=now,
     )
-    if "remote_share" in extra:
-        written += samples_record_many(
-            subject=deployment, values={names.REMOTE_SHARE: extra["remote_share"]}, at=now
-        )
+    gauges = {
+        names.REMOTE_SHARE: extra.get("remote_share"),
+        names.EFFECTIVE_THRESHOLD: extra.get("effective_threshold"),
+    }
+    written += samples_record_many(
+        subject=deployment,
+        values={k: v for k, v in gauges.items() if v is not None},
+        at=now,
+    )
     decode_sites = list(deployment.pools.filter(role="decode").values_list("site_id", flat=True))
     for key, ratio in extra.items():
         if key.startswith("util:"):

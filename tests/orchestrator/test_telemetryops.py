@@ -85,6 +85,7 @@ def _serve(metrics: GatewayMetrics, path: str, n: int, ttft_s: float, outcome: s
     for _ in range(n):
         metrics.requests.labels(path, outcome).inc()
         metrics.ttft.labels(path).observe(ttft_s)
+        metrics.tpot.labels(path).observe(ttft_s / 2)
 
 
 def _latest(w: Any, name: str, path: str | None = None) -> float:
@@ -103,8 +104,10 @@ def test_rates_and_quantiles_are_those_of_the_traffic_between_two_scrapes(
     _serve(metrics, "remote", 500, 5.0)  # before the first scrape: not in any window
     metrics.share.set(1.0)
     metrics.site_utilization.labels("remote").set(0.35)
+    metrics.threshold.set(512)
     t0 = timezone.now() - timedelta(seconds=10)
-    assert telemetryops.collect_deployment(world.deployment, now=t0) == 3  # scrape, share, util
+    # The scrape itself, the two gauges (share, threshold) and the link's utilisation.
+    assert telemetryops.collect_deployment(world.deployment, now=t0) == 4
 
     _serve(metrics, "remote", 30, 0.04)
     _serve(metrics, "local", 10, 0.01)
@@ -117,6 +120,8 @@ def test_rates_and_quantiles_are_those_of_the_traffic_between_two_scrapes(
     assert _latest(world, names.REQUESTS, "fallback") == pytest.approx(0.2)
     assert _latest(world, names.SUCCESS) == pytest.approx(40 / 42)
     assert 0.025 < _latest(world, names.TTFT_P50, "remote") <= 0.05
+    assert 0.01 < _latest(world, names.TPOT, "remote") <= 0.02  # observed 0.02 each
+    assert _latest(world, names.EFFECTIVE_THRESHOLD) == 512
     assert _latest(world, names.REMOTE_SHARE) == 1.0
     link_util = MetricSample.objects.filter(
         subject_id=str(world.link.pk), name=names.LINK_UTILIZATION
