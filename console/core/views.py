@@ -27,7 +27,7 @@ from console.inventory.choices import NodeStatus
 from console.inventory.models import Link, Node, Site
 from console.runs.models import WorkflowRun
 from console.telemetry import names
-from console.telemetry.selectors import latest_many
+from console.telemetry.selectors import latest_many, sums_by_path
 
 PATHS = ("remote", "local", "fallback")
 
@@ -107,16 +107,15 @@ def overview(request: HttpRequest) -> HttpResponse:
         .select_related("model")
         .prefetch_related(Prefetch("pools", queryset=Pool.objects.select_related("site")))
     )
-    dep_latest = latest_many(
+    # The mix of the whole hour: the latest rate alone is zero once traffic pauses.
+    dep_sums = sums_by_path(
         subject_type="deployments.deployment",
         subject_ids=[str(d.pk) for d in deployments],
-        names=[names.REQUESTS],
+        name=names.REQUESTS,
         since=since,
     )
     for dep in deployments:
-        dep.mix = path_mix(
-            {p: dep_latest.get((str(dep.pk), names.REQUESTS, p), 0.0) for p in PATHS}
-        )
+        dep.mix = path_mix({p: dep_sums.get((str(dep.pk), p), 0.0) for p in PATHS})
     active = list(
         WorkflowRun.objects.filter(state__in=["pending", "running"])
         .prefetch_related("steps")

@@ -131,6 +131,11 @@ def test_rates_and_quantiles_are_those_of_the_traffic_between_two_scrapes(
     # The overview shows the path mix and the link's utilisation; monitoring is receiving data.
     html = client_as("viewer").get("/").content.decode()
     assert "remote 71 % · local 24 % · fallback 5 %" in html
+    # Traffic pauses: the next window's rates are zero, the hour's mix stays on the overview.
+    telemetryops.collect_deployment(world.deployment, now=t0 + timedelta(seconds=20))
+    assert _latest(world, names.REQUESTS, "remote") == 0.0
+    html = client_as("viewer").get("/").content.decode()
+    assert "remote 71 % · local 24 % · fallback 5 %" in html
     pools = list(world.deployment.pools.select_related("site").prefetch_related("nodes"))
     monitoring = {i.key: i for i in readiness(world.deployment, pools)}["monitoring"]
     assert monitoring.state == "pass"
