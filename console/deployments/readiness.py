@@ -58,7 +58,7 @@ def _label(pool: Pool, node: Node) -> str:
 def _weights_entries(deployment: Deployment, pool: Pool, node: Node) -> list[dict[str, Any]]:
     """What ``node`` reports for this deployment's model: the weights of its engine children of
     this deployment (their served name may differ from the catalog's), else the models it
-    holds under the catalog name."""
+    holds under the catalog name, else the engines' errors."""
     reports = [e for e in node.reported_weights or [] if isinstance(e, dict)]
     engines = {
         c.get("name")
@@ -67,9 +67,11 @@ def _weights_entries(deployment: Deployment, pool: Pool, node: Node) -> list[dic
         and c.get("kind") == ENGINE_KIND[PoolRole(pool.role)]
     }
     served = [e for e in reports if e.get("child") and e.get("child") in engines]
-    return served or [
-        e for e in reports if not e.get("child") and e.get("model") == deployment.model.name
-    ]
+    held = [e for e in reports if not e.get("child") and e.get("model") == deployment.model.name]
+    # An engine whose model the agent cannot resolve to local files (a vLLM engine given a hub
+    # id) says nothing about the weights; the checkpoint listed in agent.yaml then does.
+    resolved = [e for e in served if e.get("state") != "error"]
+    return resolved or held or served
 
 
 def _weights(deployment: Deployment, pools: list[Pool]) -> Item:

@@ -137,6 +137,19 @@ def test_weights_held_under_the_catalog_name_count_when_no_engine_runs_yet(world
     assert _item(world, "weights").state == "pass"
 
 
+def test_a_held_checkpoint_stands_in_for_an_engine_whose_model_is_not_local(world):
+    for node, role in ((world.decode_node, "decode"), (world.prefill_node, "prefill")):
+        hub = _served(world, role, None, "error")
+        hub[0]["detail"] = "model: 'Org/Model' is neither a path on this node nor generated"
+        held = {"model": world.model.name, "child": None, "path": "/m", "state": "ok"}
+        _beat(world, node, role, weights=[*hub, {**held, "sha256": GOOD}])
+
+    assert _item(world, "weights").state == "pass"
+
+    _beat(world, world.prefill_node, "prefill", weights=_served(world, "prefill", None, "error"))
+    assert _item(world, "weights").state == "fail"  # and without one, the engine's error
+
+
 def test_weights_fail_when_the_catalog_has_no_hash(world):
     world.model.weights_sha256 = ""
     world.model.save()
