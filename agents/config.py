@@ -208,6 +208,12 @@ class AgentConfig:
         "Custom engine adapters by name, declared only here (never over the wire).",
         default_factory=dict,
     )
+    models: dict[str, str] = _doc(
+        "Model checkpoints this node holds, by catalog model name (``tiny: /models/tiny``: a "
+        "checkpoint directory or weights file); their sha256 is reported in heartbeats. Engines "
+        "the agent runs are reported as well without being listed here.",
+        default_factory=dict,
+    )
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` for the first invalid key."""
@@ -232,6 +238,9 @@ class AgentConfig:
         for site, proxy in self.faults.proxies.items():
             split_host_port(proxy.listen, f"faults.proxies.{site}.listen")
             split_host_port(proxy.upstream, f"faults.proxies.{site}.upstream")
+        for name, path in self.models.items():
+            if not path:
+                raise ConfigError(f"models.{name}: a checkpoint path")
         for name, engine in self.engines.items():
             if not engine.argv:
                 raise ConfigError(f"engines.{name}.argv: required")

@@ -28,9 +28,18 @@ from agents.config import AgentConfig, split_host_port
 from agents.console import ConsoleClient, utc_now_iso
 from agents.faults import Fault, FaultContext
 from agents.faults.manager import FaultManager, Journal
-from agents.launch import ChildSpec, LaunchError, pick_port, resolve_adapter, validate_spec
+from agents.launch import (
+    ENGINE_KINDS,
+    ChildSpec,
+    LaunchError,
+    pick_port,
+    resolve_adapter,
+    validate_spec,
+)
 from agents.metrics import AgentMetrics, metrics_app
 from agents.supervisor import STATES, Child, ChildEvents
+from agents.tlsreport import TlsReporter
+from agents.weights import WeightsHasher
 from grpc_kv.faultproxy import FaultProxy
 from pdbridge import __version__
 
@@ -100,6 +109,8 @@ class AgentService:
         self.started = time.monotonic()
         self.accelerators = config.capacity.accelerators or detect_accelerators()
         self.metrics_port = 0
+        self.weights = WeightsHasher()
+        self.tls = TlsReporter(config)
         # One lock per child name: launches of different children run side by side (a vLLM
         # start takes minutes), the same name is serialized.
         self._locks: dict[str, asyncio.Lock] = {}
@@ -135,6 +146,7 @@ class AgentService:
             proxy = FaultProxy(upstream=proxy_config.upstream, listen=proxy_config.listen)
             await proxy.start()
             self.proxies[site] = proxy
+        self.weights.report(self.config.models, {})  # queue the held models' hashes now
         restored = await self.faults.start()
         if restored:
             log.warning("agent.restored_journalled_faults", extra={"count": restored})
@@ -212,6 +224,11 @@ class AgentService:
         child is started and healthy before the old one stops). A child that cannot become
         healthy raises LaunchError (DEADLINE_EXCEEDED / ABORTED) and is not kept."""
         validate_spec(spec)
+        model = self._engine_model(spec)
+        if model is not None:
+            # Start hashing while the engine loads, so that the first heartbeat after it is up
+            # carries the digest rather than "hashing" (the lookup itself does not block).
+            self.weights.report({}, {spec.name: model})
         task = asyncio.current_task()
         if task is not None:
             self._launch_tasks.add(task)
@@ -336,7 +353,26 @@ class AgentService:
             "healthy": child.healthy and child.state == "running",
             "restarts": child.restarts,
             "config_version": child.spec.config_version,
+            "deployment_id": child.spec.deployment_id,
         }
+
+    @staticmethod
+    def _engine_model(spec: ChildSpec) -> tuple[str, str | None] | None:
+        """An engine child's model spec and models directory (None for other children)."""
+        if spec.kind not in ENGINE_KINDS or not isinstance(spec.settings.get("model"), str):
+            return None
+        extra = spec.settings.get("kv_connector_extra_config") or {}
+        models_dir = extra.get("models_dir") if isinstance(extra, dict) else None
+        return spec.settings["model"], str(models_dir) if models_dir else None
+
+    def _engine_models(self) -> dict[str, tuple[str, str | None]]:
+        """Engine children's model specs (and models directory), for the weights report."""
+        out: dict[str, tuple[str, str | None]] = {}
+        for name, child in self.children.items():
+            model = self._engine_model(child.spec)
+            if model is not None:
+                out[name] = model
+        return out
 
     def heartbeat_body(self) -> dict[str, Any]:
         """The heartbeat JSON of the console contract (``POST /api/heartbeats/``)."""
@@ -358,6 +394,8 @@ class AgentService:
                 for f in self.faults.active.values()
             ],
             "config_versions": versions,
+            "tls": self.tls.report(),
+            "weights": self.weights.report(self.config.models, self._engine_models()),
         }
 
     def refresh_metrics(self) -> None:

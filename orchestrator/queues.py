@@ -36,6 +36,8 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     # Liveness is judged from heartbeat ages, so the period only bounds detection latency.
     "mark-missing-nodes": {"task": "orchestrator.inventory.mark_missing", "schedule": 10.0},
     "prune-telemetry": {"task": "orchestrator.telemetry.prune_samples", "schedule": 3600.0},
+    # The overview's path mix and the deployment charts are rates between two scrapes.
+    "collect-gateways": {"task": "orchestrator.telemetry.collect_gateways", "schedule": 30.0},
     "evaluate-alerts": {"task": "orchestrator.alerts.evaluate", "schedule": 60.0},
     # Idempotent per schedule-local hour: a minute's period applies a new hour within a minute.
     "apply-tidal": {"task": "orchestrator.schedules.apply_tidal", "schedule": 60.0},

@@ -31,10 +31,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from agents.engines.reference import checkpoints
 from pdbridge.procgroup import ProcessGroups, become_subreaper, free_port, pinned_port, port_is_free
 from pdbridge.testbed_rows import (
     DEMO_PARAMS,
     MODELS,
+    DemoModel,
     Ports,
     agent_config,
     register,
@@ -77,6 +79,31 @@ def _child_env(var_dir: Path, pki: dict[str, Path]) -> dict[str, str]:
         PDBRIDGE_CONTROLLER_TLS_KEY=str(pki["controller_key"]),
     )
     return env
+
+
+def model_unavailable(name: str) -> str:
+    """Why the testbed cannot serve ``--model name`` on this machine ("" when it can). Checked
+    before anything starts: SmolLM2 comes from packages that are not installed by default, and
+    without them the engines would fail minutes later, deep inside the deployment run."""
+    if name != checkpoints.REAL_SMOLLM2:
+        return ""
+    missing = checkpoints.smollm2_missing()
+    if not missing:
+        return ""
+    return (
+        f"--model smollm2: the real SmolLM2-135M-Instruct checkpoint is not available offline "
+        f"here (missing Python packages: {', '.join(missing)}). Install it with: "
+        f"{checkpoints.SMOLLM2_INSTALL}; or run the default tiny model (--model qwen3-next)."
+    )
+
+
+def model_weights_sha256(model: DemoModel) -> str:
+    """The sha256 of the demo model's weights file, as the agents and engines compute it: the
+    catalog row carries it so that the readiness checklist can compare every node's copy."""
+    from agents.weights import hash_files
+
+    path = checkpoints.zoo_dir(model.zoo) if model.zoo else checkpoints.smollm2_dir()
+    return hash_files([checkpoints.weights_file(path)[0]])
 
 
 def fresh_state(var_dir: Path) -> None:
@@ -323,7 +350,7 @@ def bring_up(args: Any, groups: ProcessGroups, stop: threading.Event) -> Endpoin
         "--listen", f"127.0.0.1:{ports.kv_shaped}", "--upstream", f"127.0.0.1:{ports.kv_receiver}",
         "--bandwidth-mbit", str(args.wan_mbit), "--latency-ms", str(args.wan_latency_ms)])  # fmt: skip
 
-    rows = register(model, ports, pki, args.wan_mbit)
+    rows = register(model, ports, pki, args.wan_mbit, model_weights_sha256(model))
     addresses: dict[str, str] = {}
     for site, token in rows.tokens.items():
         site_dir = var_dir / "sites" / site
@@ -384,6 +411,10 @@ def _print_ready(ready: Endpoints, password: str | None, model: Any) -> None:
 
 def main(args: Any) -> int:
     """Run the testbed until a signal; see the module docstring."""
+    unavailable = model_unavailable(args.model)
+    if unavailable:
+        print(f"pdbridge run: {unavailable}", file=sys.stderr, flush=True)
+        return 2
     become_subreaper()
     stop = threading.Event()
 

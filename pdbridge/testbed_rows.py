@@ -115,9 +115,12 @@ class Rows:
             node_update(actor=None, node=node, agent_address=addresses[node.site.name])
 
 
-def register(model: DemoModel, ports: Ports, pki: dict[str, Path], wan_mbit: float) -> Rows:
-    """Sites ``local`` (decode) and ``remote`` (prefill), their link, one node each, the model,
-    the ``demo`` deployment with its pools and a fast rollout plan, and a token per node."""
+def register(
+    model: DemoModel, ports: Ports, pki: dict[str, Path], wan_mbit: float, weights_sha256: str
+) -> Rows:
+    """Sites ``local`` (decode) and ``remote`` (prefill), their link, one node each, the model
+    (with its weights sha256), the ``demo`` deployment with its pools and a fast rollout plan,
+    and a token per node."""
     from console.catalog.services import model_create
     from console.deployments.services import deployment_create, pool_create
     from console.inventory.services import link_create, node_create, node_token_issue, site_create
@@ -133,7 +136,8 @@ def register(model: DemoModel, ports: Ports, pki: dict[str, Path], wan_mbit: flo
         for site in (local, remote)
     }
     spec = model_create(actor=None, name=model.served, family="testbed",
-                        architecture=model.architecture, parameter_count=model.parameter_count)  # fmt: skip
+                        architecture=model.architecture, parameter_count=model.parameter_count,
+                        weights_sha256=weights_sha256)  # fmt: skip
     dep = deployment_create(
         actor=None,
         name=DEPLOYMENT,

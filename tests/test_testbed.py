@@ -87,8 +87,33 @@ def test_make_run_reaches_full_share_serves_remote_and_shuts_down_clean(tmp_path
             "SELECT state, remote_share_percent FROM deployments_deployment WHERE id = ?",
             (ready["deployment_id"],),
         ).fetchone()
-        db.close()
         assert (state, share) == ("active", 100)
+
+        # Both agents report mTLS and the hash of the weights their engine serves, equal to
+        # the catalog's: the readiness checklist's weights and certificates items have data.
+        def reports() -> list[tuple[str, dict, list]]:
+            rows = db.execute(
+                "SELECT hostname, reported_tls, reported_weights FROM inventory_node"
+            ).fetchall()
+            return [(h, json.loads(t or "null"), json.loads(w or "null")) for h, t, w in rows]
+
+        (catalog_sha,) = db.execute(
+            "SELECT m.weights_sha256 FROM catalog_modelspec m JOIN deployments_deployment d "
+            "ON d.model_id = m.id WHERE d.id = ?",
+            (ready["deployment_id"],),
+        ).fetchone()
+        deadline = time.monotonic() + 60
+        while not all(w and {e["state"] for e in w} == {"ok"} for _, _, w in reports()):
+            assert time.monotonic() < deadline, reports()
+            time.sleep(1)
+        final = reports()
+        db.close()
+        assert len(catalog_sha) == 64
+        assert len(final) == 2
+        for _, tls, weights in final:
+            assert tls["mtls"] is True
+            assert tls["not_after"] > time.strftime("%Y-%m-%d")
+            assert [e["sha256"] for e in weights if e["child"]] == [catalog_sha]
 
         # A fresh prompt over the threshold goes the remote way and returns tokens.
         context = ssl.create_default_context(cafile=ready["ca"])

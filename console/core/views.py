@@ -22,13 +22,13 @@ from console.core.pages import page_view, paginate
 from console.core.panels import overview_panels
 from console.deployments.choices import DeploymentState
 from console.deployments.models import Deployment, Pool
+from console.deployments.readiness import CERT_WARN_DAYS
 from console.inventory.choices import NodeStatus
 from console.inventory.models import Link, Node, Site
 from console.runs.models import WorkflowRun
 from console.telemetry import names
-from console.telemetry.selectors import latest_many
+from console.telemetry.selectors import latest_many, sums_by_path
 
-CERT_WARN_DAYS = 14
 PATHS = ("remote", "local", "fallback")
 
 
@@ -107,16 +107,15 @@ def overview(request: HttpRequest) -> HttpResponse:
         .select_related("model")
         .prefetch_related(Prefetch("pools", queryset=Pool.objects.select_related("site")))
     )
-    dep_latest = latest_many(
+    # The mix of the whole hour: the latest rate alone is zero once traffic pauses.
+    dep_sums = sums_by_path(
         subject_type="deployments.deployment",
         subject_ids=[str(d.pk) for d in deployments],
-        names=[names.REQUESTS],
+        name=names.REQUESTS,
         since=since,
     )
     for dep in deployments:
-        dep.mix = path_mix(
-            {p: dep_latest.get((str(dep.pk), names.REQUESTS, p), 0.0) for p in PATHS}
-        )
+        dep.mix = path_mix({p: dep_sums.get((str(dep.pk), p), 0.0) for p in PATHS})
     active = list(
         WorkflowRun.objects.filter(state__in=["pending", "running"])
         .prefetch_related("steps")
@@ -156,22 +155,21 @@ def audit_log(request: HttpRequest) -> HttpResponse:
 
 
 def _tls_status(node: Node, now: datetime) -> dict[str, Any]:
-    """What a node's heartbeat says about its TLS: ``capacity.tls`` = ``{"mtls": bool,
-    "cert_not_after": ISO time}`` when the agent reports it; otherwise unknown, with why."""
-    tls = (node.reported_capacity or {}).get("tls")
+    """What a node's last heartbeat says about its TLS (``reported_tls``: mTLS, certificate
+    subject, SANs, not-after, CA fingerprint, allowlist size); unknown, with why, until the
+    agent reports it."""
+    tls = node.reported_tls
     if node.last_heartbeat_at is None:
         return {"state": "unknown", "why": "no heartbeat received yet"}
     if not isinstance(tls, dict):
-        return {"state": "unknown", "why": "this agent's heartbeats do not report TLS"}
-    expiry = (
-        parse_datetime(str(tls.get("cert_not_after", ""))) if tls.get("cert_not_after") else None
-    )
+        return {"state": "unknown", "why": "this agent has not reported its TLS state yet"}
+    expiry = parse_datetime(str(tls.get("not_after") or ""))
     days = (expiry - now).days if expiry is not None and expiry.tzinfo else None
     if not tls.get("mtls"):
         state = "fail"
-    elif days is None:
+    elif tls.get("error") or days is None:
         state = "unknown"
-    elif days < 0:
+    elif expiry is not None and expiry < now:
         state = "expired"
     elif days < CERT_WARN_DAYS:
         state = "warning"
@@ -182,7 +180,11 @@ def _tls_status(node: Node, now: datetime) -> dict[str, Any]:
         "mtls": bool(tls.get("mtls")),
         "expiry": expiry,
         "days": days,
-        "why": "",
+        "subject": tls.get("subject") or "",
+        "sans": tls.get("sans") or [],
+        "ca_fingerprint": tls.get("ca_fingerprint") or "",
+        "allowlist_size": tls.get("allowlist_size"),
+        "why": tls.get("error") or "",
     }
 
 

@@ -1,27 +1,31 @@
 """The readiness checklist of a deployment (the deployment guide's six items), computed from
-what the console knows now. An item whose data source does not exist yet is ``unknown`` with
-the reason, never a pass. Called by the deployment page (blocking, a bounded number of
+what the console knows now, agents' heartbeats included. An item whose data has not arrived yet
+(a node that has not reported) is ``unknown`` with the reason, never a pass. Called by the deployment page (blocking, a bounded number of
 queries: one per item at most)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from console.deployments.choices import PoolRole
 from console.deployments.models import Deployment, Pool
 from console.drills.choices import ReportState
 from console.drills.models import DrillReport
 from console.inventory.choices import NodeStatus
-from console.inventory.models import Link
+from console.inventory.models import Link, Node
 from console.telemetry.models import MetricSample
 from console.telemetry.services import subject_key
 
 MONITORING_FRESH = timedelta(minutes=5)
 DRILL_RECENT = timedelta(days=7)
+#: A certificate expiring sooner than this fails readiness and is flagged on the Security page.
+CERT_WARN_DAYS = 14
 ENGINE_KIND = {PoolRole.DECODE: "decode-engine", PoolRole.PREFILL: "prefill-engine"}
 
 
@@ -43,16 +47,76 @@ def _api_exists(url_name: str, pk: int) -> bool:
     return True
 
 
-def _weights(deployment: Deployment) -> Item:
+def _pool_nodes(pools: list[Pool]) -> list[tuple[Pool, Node]]:
+    return [(pool, node) for pool in pools for node in pool.nodes.all()]
+
+
+def _label(pool: Pool, node: Node) -> str:
+    return f"{node.hostname}@{pool.site.name}"
+
+
+def _weights_entries(deployment: Deployment, pool: Pool, node: Node) -> list[dict[str, Any]]:
+    """What ``node`` reports for this deployment's model: the weights of its engine children of
+    this deployment (their served name may differ from the catalog's), else the models it
+    holds under the catalog name, else the engines' errors."""
+    reports = [e for e in node.reported_weights or [] if isinstance(e, dict)]
+    engines = {
+        c.get("name")
+        for c in node.reported_children
+        if c.get("deployment_id") == deployment.pk
+        and c.get("kind") == ENGINE_KIND[PoolRole(pool.role)]
+    }
+    served = [e for e in reports if e.get("child") and e.get("child") in engines]
+    held = [e for e in reports if not e.get("child") and e.get("model") == deployment.model.name]
+    # An engine whose model the agent cannot resolve to local files (a vLLM engine given a hub
+    # id) says nothing about the weights; the checkpoint listed in agent.yaml then does.
+    resolved = [e for e in served if e.get("state") != "error"]
+    return resolved or held or served
+
+
+def _weights(deployment: Deployment, pools: list[Pool]) -> Item:
     title = "Weights on both sites with matching hashes"
-    if not deployment.model.weights_sha256:
+    expected = deployment.model.weights_sha256
+    if not expected:
         return Item("weights", title, "fail", "the model has no registered weights sha256")
+    missing_roles = [
+        r for r in (PoolRole.DECODE, PoolRole.PREFILL) if r not in {p.role for p in pools}
+    ]
+    if missing_roles:
+        return Item("weights", title, "fail", f"no {' or '.join(missing_roles)} pool")
+    nodes = _pool_nodes(pools)
+    if not nodes:
+        return Item("weights", title, "fail", "no nodes in the pools")
+    problems: list[str] = []
+    waiting: list[str] = []
+    for pool, node in nodes:
+        label = _label(pool, node)
+        if node.reported_weights is None:
+            waiting.append(f"{label} has not reported its weights yet")
+            continue
+        entries = _weights_entries(deployment, pool, node)
+        if not entries:
+            problems.append(f"{label} reports no weights of {deployment.model.name}")
+        for entry in entries:
+            where = entry.get("path") or entry.get("model")
+            if entry.get("state") == "hashing":
+                waiting.append(f"{label} is still hashing {where}")
+            elif entry.get("state") != "ok":
+                problems.append(f"{label}: {entry.get('detail') or 'weights unreadable'}")
+            elif entry.get("sha256") != expected:
+                problems.append(
+                    f"{label} has {entry.get('sha256')} at {where}, the catalog says {expected}"
+                )
+    if problems:
+        return Item("weights", title, "fail", "; ".join(problems))
+    if waiting:
+        return Item("weights", title, "unknown", "; ".join(waiting))
+    sites = sorted({pool.site.name for pool, _ in nodes})
     return Item(
         "weights",
         title,
-        "unknown",
-        "agents do not report the hash of the weights they hold yet; the model's is "
-        f"{deployment.model.weights_sha256[:12]}…",
+        "pass",
+        f"{len(nodes)} nodes at {', '.join(sites)} hold weights {expected[:12]}…",
     )
 
 
@@ -108,23 +172,54 @@ def _wan(pools: list[Pool]) -> Item:
     )
 
 
-def _certificates(pools: list[Pool]) -> Item:
+def _certificates(pools: list[Pool], now: datetime) -> Item:
     title = "Certificates and allowlist in place"
-    nodes = [node for pool in pools for node in pool.nodes.all()]
+    nodes = _pool_nodes(pools)
     if not nodes:
         return Item("certificates", title, "fail", "no nodes in the pools")
-    reported = [n for n in nodes if isinstance((n.reported_capacity or {}).get("tls"), dict)]
-    if len(reported) < len(nodes):
+    problems: list[str] = []
+    unreported: list[str] = []
+    earliest: tuple[datetime, str] | None = None
+    for pool, node in nodes:
+        label = _label(pool, node)
+        tls = node.reported_tls
+        if not isinstance(tls, dict):
+            unreported.append(label)
+            continue
+        if not tls.get("mtls"):
+            problems.append(f"mTLS off on {label}")
+            continue
+        if tls.get("error"):
+            problems.append(f"{label}: {tls['error']}")
+            continue
+        if not tls.get("allowlist_size"):
+            problems.append(f"{label} has an empty allowlist (its control API refuses everyone)")
+        expiry = parse_datetime(str(tls.get("not_after") or ""))
+        if expiry is None or expiry.tzinfo is None:
+            problems.append(f"{label} reports no certificate expiry")
+            continue
+        days = (expiry - now).total_seconds() / 86400
+        if days < 0:
+            problems.append(f"the certificate of {label} expired on {expiry:%Y-%m-%d}")
+        elif days < CERT_WARN_DAYS:
+            problems.append(
+                f"the certificate of {label} expires on {expiry:%Y-%m-%d}, in {int(days)} days "
+                f"(under {CERT_WARN_DAYS})"
+            )
+        if earliest is None or expiry < earliest[0]:
+            earliest = (expiry, label)
+    if problems:
+        return Item("certificates", title, "fail", "; ".join(problems))
+    if unreported:
         return Item(
             "certificates",
             title,
             "unknown",
-            f"{len(nodes) - len(reported)} of {len(nodes)} agents do not report TLS state in heartbeats",
+            f"{len(unreported)} of {len(nodes)} agents have not reported TLS state yet: "
+            + ", ".join(unreported),
         )
-    off = [n.hostname for n in reported if not n.reported_capacity["tls"].get("mtls")]
-    if off:
-        return Item("certificates", title, "fail", f"mTLS off on {', '.join(off)}")
-    return Item("certificates", title, "pass", f"mTLS on for all {len(nodes)} agents")
+    first = f"; first certificate expiry {earliest[0]:%Y-%m-%d} ({earliest[1]})" if earliest else ""
+    return Item("certificates", title, "pass", f"mTLS on for all {len(nodes)} agents{first}")
 
 
 def _monitoring(deployment: Deployment) -> Item:
@@ -163,10 +258,10 @@ def _drill(deployment: Deployment) -> Item:
 def readiness(deployment: Deployment, pools: list[Pool]) -> list[Item]:
     """The six items for ``deployment``; ``pools`` with ``site`` and ``nodes`` loaded."""
     return [
-        _weights(deployment),
+        _weights(deployment, pools),
         _instances(pools),
         _wan(pools),
-        _certificates(pools),
+        _certificates(pools, timezone.now()),
         _monitoring(deployment),
         _drill(deployment),
     ]

@@ -38,6 +38,8 @@ HEARTBEAT_FIELDS = [
     "reported_children",
     "reported_faults",
     "reported_config_versions",
+    "reported_tls",
+    "reported_weights",
 ]
 
 
@@ -161,6 +163,22 @@ class Node(Timestamped):
         blank=True,
         editable=False,
         help_text="Deployment id -> config version the agent runs.",
+    )
+    reported_tls = models.JSONField(
+        encoder=DjangoJSONEncoder,
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="mTLS on or off, certificate subject, SANs, not-after, CA fingerprint and "
+        "allowlist size; null until the agent reports it.",
+    )
+    reported_weights = models.JSONField(
+        encoder=DjangoJSONEncoder,
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="sha256 of the weights of each model the node holds or serves; null until "
+        "the agent reports it.",
     )
     clock_skew_ms = models.FloatField(
         null=True,

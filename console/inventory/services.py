@@ -199,6 +199,8 @@ def node_heartbeat(
     children: list[dict[str, Any]],
     faults: list[dict[str, Any]],
     config_versions: dict[str, int],
+    tls: dict[str, Any] | None = None,
+    weights: list[dict[str, Any]] | None = None,
     now: datetime | None = None,
 ) -> HeartbeatResult:
     """Record one heartbeat: the node is ``online``, its report replaces the previous one and
@@ -216,6 +218,8 @@ def node_heartbeat(
     node.reported_children = children
     node.reported_faults = faults
     node.reported_config_versions = config_versions
+    node.reported_tls = tls
+    node.reported_weights = weights
     node.clock_skew_ms = skew_ms
     node.save()
     NodeCredential.objects.filter(node=node).update(last_used_at=now)

@@ -107,3 +107,27 @@ def latest_many(
         key = (subject_id, name, str((labels or {}).get("path", "")))
         found.setdefault(key, value)
     return found
+
+
+def sums_by_path(
+    *, subject_type: str, subject_ids: list[str], name: str, since: datetime
+) -> dict[tuple[str, str], float]:
+    """The sum of ``name``'s samples since ``since`` per subject and ``path`` label, in one
+    query: ``(subject_id, path) -> sum``. Rates sampled at a steady period sum to a mix over the
+    window (the overview's path mix "last hour"), which a latest value of zero after the
+    traffic stopped would hide."""
+    if not subject_ids:
+        return {}
+    rows = (
+        MetricSample.objects.filter(
+            subject_type=subject_type, subject_id__in=subject_ids, name=name, at__gte=since
+        )
+        .values_list("subject_id", "labels", "value")
+        .order_by()
+    )
+    found: dict[tuple[str, str], float] = {}
+    # One row per sample: a deployment scraped every 30 s has 360 of them an hour.
+    for subject_id, labels, value in rows:
+        key = (subject_id, str((labels or {}).get("path", "")))
+        found[key] = found.get(key, 0.0) + value
+    return found

@@ -28,3 +28,17 @@ def prune_samples() -> int:
     from console.telemetry.services import samples_prune
 
     return samples_prune(older_than=timedelta(days=settings.TELEMETRY_RETENTION_DAYS))
+
+
+@app.task(
+    name="orchestrator.telemetry.collect_gateways",
+    acks_late=True,
+    soft_time_limit=60,
+    time_limit=75,
+)
+def collect_gateways() -> dict[str, int]:
+    """Every ``GATEWAY_SCRAPE_S``: scrape each serving deployment's gateways into telemetry
+    samples (path mix, TTFT, success ratio, link utilisation); see ``orchestrator.telemetryops``."""
+    from orchestrator import telemetryops
+
+    return telemetryops.collect()

@@ -26,6 +26,8 @@ def parse(text: str) -> dict[str, Any]:
         "ttft_buckets": {},  # path -> {le: cumulative count}
         "ttft_count": {},
         "ttft_sum": {},
+        "tpot_buckets": {},  # path -> {le: cumulative count}
+        "effective_threshold": None,
         "link_utilization": {},  # site -> ratio
         "config_version": None,
         "remote_share": None,
@@ -41,6 +43,12 @@ def parse(text: str) -> dict[str, Any]:
                 le = labels["le"]
                 bound = math.inf if le in ("+Inf", "inf") else float(le)
                 out["ttft_buckets"].setdefault(labels["path"], {})[str(bound)] = value
+            elif name == "pdbridge_gateway_time_per_output_token_seconds_bucket":
+                le = labels["le"]
+                bound = math.inf if le in ("+Inf", "inf") else float(le)
+                out["tpot_buckets"].setdefault(labels["path"], {})[str(bound)] = value
+            elif name == "pdbridge_gateway_effective_threshold_tokens":
+                out["effective_threshold"] = value
             elif name == "pdbridge_gateway_time_to_first_token_seconds_count":
                 out["ttft_count"][labels["path"]] = value
             elif name == "pdbridge_gateway_time_to_first_token_seconds_sum":
@@ -81,7 +89,11 @@ def window(start: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
         path: _delta(b, start["ttft_buckets"].get(path, {}))
         for path, b in now["ttft_buckets"].items()
     }
-    return {"requests": requests, "ttft_buckets": buckets}
+    tpot = {
+        path: _delta(b, start.get("tpot_buckets", {}).get(path, {}))
+        for path, b in now.get("tpot_buckets", {}).items()
+    }
+    return {"requests": requests, "ttft_buckets": buckets, "tpot_buckets": tpot}
 
 
 def requests_on(win: dict[str, Any], path: str) -> tuple[float, float]:

@@ -365,8 +365,16 @@ def test_heartbeats_follow_the_console_contract(api: Any, console: FakeConsole) 
         "children",
         "faults",
         "config_versions",
+        "tls",
+        "weights",
     }
     assert beat["clock"].endswith("Z")
+    assert (beat["tls"]["mtls"], beat["tls"]["subject"], beat["tls"]["allowlist_size"]) == (
+        True,
+        "dec-1",
+        1,
+    )
+    assert beat["weights"] == []  # a custom engine without a model setting holds none
     assert beat["capacity"]["memory_gib"] > 0
     child = next(c for c in beat["children"] if c["name"] == "beating")
     assert set(child) == {
@@ -378,6 +386,7 @@ def test_heartbeats_follow_the_console_contract(api: Any, console: FakeConsole) 
         "healthy",
         "restarts",
         "config_version",
+        "deployment_id",
     }
     assert child["healthy"] is True
     assert console.auth[-1] == "Bearer node-secret"

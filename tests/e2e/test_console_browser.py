@@ -129,17 +129,18 @@ def _record_traffic(ids: dict[str, Any]) -> None:
     deployment = Deployment.objects.get(pk=ids["deployment"])
     link = Link.objects.get(pk=ids["link"])
     now = timezone.now()
-    expiry = (now + timedelta(days=80)).isoformat()
+    expiry = now + timedelta(days=80)
     for node in Node.objects.all():
         engine = "decode-engine" if node.site.name == "local" else "prefill-engine"
         node_heartbeat(
             node=node,
             agent_version="0.1.0",
             clock=now,
-            capacity={"accelerators": 8, "tls": {"mtls": True, "cert_not_after": expiry}},
+            capacity={"accelerators": 8},
             children=[{"name": "engine", "kind": engine, "state": "running", "healthy": True}],
             faults=[],
             config_versions={},
+            tls={"mtls": True, "not_after": expiry, "allowlist_size": 1},
         )
     for i in range(20):
         at = now - timedelta(seconds=15 * (20 - i))

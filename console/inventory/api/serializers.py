@@ -113,6 +113,43 @@ class ChildReportSerializer(serializers.Serializer):
     healthy = serializers.BooleanField(required=False, allow_null=True)
     restarts = serializers.IntegerField(min_value=0, required=False, default=0)
     config_version = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+    deployment_id = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+
+
+class TlsReportSerializer(serializers.Serializer):
+    """The agent's TLS state (docs/agent.md, "Heartbeats")."""
+
+    mtls = serializers.BooleanField()
+    subject = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
+    sans = serializers.ListField(
+        child=serializers.CharField(max_length=300), required=False, default=list, max_length=64
+    )
+    not_after = AwareDateTimeField(required=False, allow_null=True, default=None)
+    ca_fingerprint = serializers.RegexField(
+        r"^([0-9a-f]{64})?$", required=False, allow_blank=True, default=""
+    )
+    allowlist_size = serializers.IntegerField(min_value=0, required=False, default=0)
+    error = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
+
+
+class WeightsReportSerializer(serializers.Serializer):
+    """The sha256 of one model's weights on the node (held, or served by an engine child)."""
+
+    STATES = ("ok", "hashing", "error")
+
+    model = serializers.CharField(max_length=200)
+    child = serializers.CharField(max_length=100, required=False, allow_null=True, default=None)
+    path = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
+    state = serializers.ChoiceField(choices=STATES)
+    sha256 = serializers.RegexField(
+        r"^[0-9a-f]{64}$", required=False, allow_null=True, default=None
+    )
+    detail = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["state"] == "ok" and not attrs.get("sha256"):
+            raise serializers.ValidationError({"sha256": ["Required when state is ok."]})
+        return attrs
 
 
 class FaultReportSerializer(serializers.Serializer):
@@ -140,6 +177,11 @@ class HeartbeatSerializer(serializers.Serializer):
     )
     config_versions = serializers.DictField(
         child=serializers.IntegerField(min_value=0), required=False, default=dict
+    )
+    # Optional: an agent older than these reports leaves them null ("not reported yet").
+    tls = TlsReportSerializer(required=False, allow_null=True, default=None)
+    weights = WeightsReportSerializer(
+        many=True, required=False, allow_null=True, default=None, max_length=MAX_REPORT_ITEMS
     )
 
     def validate_config_versions(self, value: dict[str, int]) -> dict[str, int]:

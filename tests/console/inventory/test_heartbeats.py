@@ -38,6 +38,25 @@ BEAT = {
         {"id": "f1", "kind": "link_cut", "target": "remote", "expires_at": "2026-11-29T17:45:00Z"}
     ],
     "config_versions": {"1": 3},
+    "tls": {
+        "mtls": True,
+        "subject": "dec-1",
+        "sans": ["dec-1", "127.0.0.1"],
+        "not_after": "2027-12-31T00:00:00Z",
+        "ca_fingerprint": "cd" * 32,
+        "allowlist_size": 1,
+        "error": "",
+    },
+    "weights": [
+        {
+            "model": "tiny",
+            "child": "prefill-engine",
+            "path": "/models/tiny-seed1234/model.safetensors",
+            "state": "ok",
+            "sha256": "ab" * 32,
+            "detail": "",
+        }
+    ],
 }
 
 
@@ -93,6 +112,9 @@ def test_heartbeat_marks_node_online_and_stores_report(client, world):
     assert node.reported_faults[0]["kind"] == "link_cut"
     assert node.reported_config_versions == {"1": 3}
     assert node.reported_capacity["memory_gib"] == 2048
+    assert node.reported_tls["not_after"] == "2027-12-31T00:00:00Z"
+    assert node.reported_tls["sans"] == ["dec-1", "127.0.0.1"]
+    assert node.reported_weights[0]["sha256"] == "ab" * 32
     assert AuditLog.objects.filter(verb="node_status", object_id=str(node.pk)).count() == 1
 
 
@@ -128,6 +150,52 @@ def test_bad_heartbeat_body_is_400_naming_field(client, world, body, field):
 
     assert response.status_code == 400
     assert field in response.json()
+
+
+TLS = BEAT["tls"]
+WEIGHT = BEAT["weights"][0]
+
+
+@pytest.mark.parametrize(
+    ("body", "path"),
+    [
+        ({**BEAT, "tls": "on"}, ["tls", "non_field_errors"]),
+        ({**BEAT, "tls": {**TLS, "mtls": "maybe"}}, ["tls", "mtls"]),
+        ({**BEAT, "tls": {k: v for k, v in TLS.items() if k != "mtls"}}, ["tls", "mtls"]),
+        ({**BEAT, "tls": {**TLS, "not_after": "2027-12-31T00:00:00"}}, ["tls", "not_after"]),
+        ({**BEAT, "tls": {**TLS, "not_after": "soon"}}, ["tls", "not_after"]),
+        ({**BEAT, "tls": {**TLS, "sans": "dec-1"}}, ["tls", "sans"]),
+        ({**BEAT, "tls": {**TLS, "ca_fingerprint": "not-hex"}}, ["tls", "ca_fingerprint"]),
+        ({**BEAT, "tls": {**TLS, "allowlist_size": -1}}, ["tls", "allowlist_size"]),
+        ({**BEAT, "weights": {"tiny": "ab"}}, ["weights", "non_field_errors"]),
+        ({**BEAT, "weights": [{**WEIGHT, "sha256": "AB" * 32}]}, ["weights", "0", "sha256"]),
+        ({**BEAT, "weights": [{**WEIGHT, "sha256": None}]}, ["weights", "0", "sha256"]),
+        ({**BEAT, "weights": [{**WEIGHT, "state": "fine"}]}, ["weights", "0", "state"]),
+        ({**BEAT, "weights": [{**WEIGHT, "model": ""}]}, ["weights", "0", "model"]),
+    ],
+)
+def test_bad_tls_or_weights_report_is_400_naming_the_nested_field(client, world, body, path):
+    token = node_token_issue(actor=None, node=world.decode_node)
+
+    response = beat(client, token, body)
+
+    assert response.status_code == 400
+    errors = response.json()
+    for key in path:
+        errors = errors[key]
+    assert errors  # a message at exactly that field
+    assert Node.objects.get(pk=world.decode_node.pk).status == "unknown"  # nothing stored
+
+
+def test_an_agent_that_reports_no_tls_or_weights_stores_null(client, world):
+    token = node_token_issue(actor=None, node=world.decode_node)
+    old = {k: v for k, v in BEAT.items() if k not in {"tls", "weights"}}
+
+    assert beat(client, token, old).status_code == 200
+
+    node = Node.objects.get(pk=world.decode_node.pk)
+    assert node.reported_tls is None
+    assert node.reported_weights is None
 
 
 def test_heartbeat_without_or_with_bad_token_is_401(client, world):

@@ -53,11 +53,13 @@ def test_template_helpers():
     assert human_bytes(None) == "-"
 
 
-def test_readiness_is_unknown_where_no_data_source_exists(world):
+def test_readiness_is_unknown_where_no_node_has_reported(world):
     items = {i.key: i for i in readiness(world.deployment, list(world.deployment.pools.all()))}
 
     assert items["weights"].state == "unknown"
-    assert "do not report" in items["weights"].detail
+    assert items["weights"].detail == (
+        "dec-1@local has not reported its weights yet; pre-1@remote has not reported its weights yet"
+    )
     assert items["instances"].state == "fail"  # no heartbeat yet
     assert items["wan"].state == "fail"
     assert "not probed" in items["wan"].detail
@@ -75,12 +77,20 @@ def test_readiness_passes_from_real_state(world):
             node=node,
             agent_version="t",
             clock=now,
-            capacity={
-                "tls": {"mtls": True, "cert_not_after": (now + timedelta(days=90)).isoformat()}
-            },
-            children=[{"name": "e", "kind": engines[role], "state": "running", "healthy": True}],
+            capacity={},
+            children=[
+                {
+                    "name": "e",
+                    "kind": engines[role],
+                    "state": "running",
+                    "healthy": True,
+                    "deployment_id": world.deployment.pk,
+                }
+            ],
             faults=[],
             config_versions={},
+            tls={"mtls": True, "not_after": now + timedelta(days=90), "allowlist_size": 1},
+            weights=[{"model": "tiny", "child": "e", "state": "ok", "sha256": "ab" * 32}],
         )
     world.link.measured_mbit_s, world.link.rtt_ms, world.link.measured_at = 950.0, 9.5, now
     world.link.save()
@@ -90,7 +100,7 @@ def test_readiness_passes_from_real_state(world):
     items = {i.key: i.state for i in readiness(world.deployment, pools)}
 
     assert items == {
-        "weights": "unknown",
+        "weights": "pass",
         "instances": "pass",
         "wan": "pass",
         "certificates": "pass",
@@ -149,16 +159,26 @@ def test_security_page_flags_expiring_and_missing_tls(world, client_as):
         node=world.decode_node,
         agent_version="t",
         clock=now,
-        capacity={"tls": {"mtls": True, "cert_not_after": (now + timedelta(days=5)).isoformat()}},
+        capacity={},
         children=[],
         faults=[],
         config_versions={},
+        tls={
+            "mtls": True,
+            "subject": "dec-1",
+            "sans": ["dec-1", "127.0.0.1"],
+            "not_after": now + timedelta(days=5, hours=1),
+            "ca_fingerprint": "cd" * 32,
+            "allowlist_size": 2,
+        },
     )
 
     html = client_as("viewer").get("/security/").content.decode()
 
-    assert "4 days" in html or "5 days" in html
-    assert 'class="badge warn">4 days' in html or 'class="badge warn">5 days' in html
+    expiry = (now + timedelta(days=5, hours=1)).strftime("%Y-%m-%d")
+    assert f'{expiry} <span class="badge warn">expires in 5 days</span>' in html
+    assert '<code>dec-1</code> <span class="muted">SAN dec-1, 127.0.0.1</span>' in html
+    assert "2 identities" in html
     assert "no heartbeat received yet" in html  # the prefill node never beat
 
 
