@@ -401,14 +401,20 @@ def test_verification_failure_leaves_share_zero_and_retry_from_that_step_succeed
     assert verification.error.startswith("verification mismatch on localhost at 120 tokens: ")
     [report] = verification.evidence["reports"]
     [prompt] = report["prompts"]
-    # The damaged KV was imported (the remote path served, no fallback, no transfer error)
-    # and the evidence names the first divergent step.
-    assert (prompt["match"], prompt["error"], prompt["remote_path"]) == (False, None, "remote")
-    divergence = prompt["first_divergence"]
-    assert divergence["kind"] in {"token", "logits"}
-    assert divergence["position"] == prompt["prompt_tokens"] + divergence["step"]
-    assert f"'position': {divergence['position']}" in verification.error
+    assert prompt["match"] is False
     assert verification.evidence["ok"] is False
+    if prompt["error"] is None:
+        # The usual outcome: the damaged KV was imported (the remote path served, no
+        # fallback) and the evidence names the first divergent step.
+        assert prompt["remote_path"] == "remote"
+        divergence = prompt["first_divergence"]
+        assert divergence["kind"] in {"token", "logits"}
+        assert divergence["position"] == prompt["prompt_tokens"] + divergence["step"]
+        assert f"'position': {divergence['position']}" in verification.error
+    else:
+        # Rarely a flip lands in the framing (HTTP/2, gRPC or the chunk's header fields)
+        # rather than in KV bytes: the transfer fails instead, which fails step 7 too.
+        assert "kv" in prompt["error"].lower() or "transfer" in prompt["error"].lower()
     # Steps 3-4 relaunched the engines with the link's checksum mode none.
     prefill_name = f"dep{world.deployment_id}-prefill"
     assert world.engine_ready("remote", prefill_name)["kv_checksum"] == "none"
