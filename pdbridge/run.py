@@ -56,6 +56,9 @@ def main(argv: list[str]) -> int:
     testbed.add_argument("--wan-mbit", type=float, default=200.0, help="WAN bandwidth (Mbit/s)")
     testbed.add_argument("--wan-latency-ms", type=float, default=10.0, help="WAN one-way latency")
     testbed.add_argument("--gateway-port", type=int, default=8080, help="0: any free port")
+    testbed.add_argument("--netns", action="store_true",
+                         help="run the two sites in network namespaces joined by a tbf-shaped "
+                              "veth (root, iproute2)")  # fmt: skip
     testbed.add_argument("--var-dir", default=os.environ.get("PDBRIDGE_TESTBED_DIR", "var/testbed"))
     testbed.add_argument("--deploy-timeout", type=float, default=900.0, help="seconds")
     testbed.add_argument("--deploy-retries", type=int, default=1, help="retries of a failed step")
