@@ -67,6 +67,12 @@ def main(argv: list[str]) -> int:
         "--exit-after", type=float, default=0.0, help="stop after N s up (0: never)"
     )
     args = parser.parse_args(argv)
+    if not args.wan_mbit > 0:
+        parser.error(f"--wan-mbit: must be positive, got {args.wan_mbit}")
+    if args.wan_latency_ms < 0:
+        parser.error(f"--wan-latency-ms: must be 0 or more, got {args.wan_latency_ms}")
+    if args.netns and (args.console_only or args.check):
+        parser.error("--netns: runs the testbed's sites; not with --console-only or --check")
     if not (args.console_only or args.check):
         from pdbridge import testbed as testbed_main
 

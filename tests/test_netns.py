@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pdbridge import netns
+from pdbridge import netns, run
 from tests.netns import require_netns
 from tests.support import subprocess_env, unavailable
 
@@ -162,3 +162,20 @@ def test_run_netns_without_iproute2_says_so(tmp_path):
 
     assert done.returncode == 1, done.stdout + done.stderr
     assert "ip and tc not found: install iproute2" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--netns", "--console-only"], "--netns: runs the testbed's sites"),
+        (["--netns", "--check"], "--netns: runs the testbed's sites"),
+        (["--netns", "--wan-mbit", "0"], "--wan-mbit: must be positive, got 0.0"),
+        (["--wan-latency-ms", "-1"], "--wan-latency-ms: must be 0 or more"),
+    ],
+)
+def test_run_option_errors_name_the_option(argv, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        run.main(argv)
+
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
