@@ -361,9 +361,11 @@ def bring_up(
     def wrap(site: str, argv: list[str]) -> list[str]:
         return argv if sites is None else sites.wrap(site, argv)
 
-    # With --netns the console also listens where the sites reach it (and accepts that Host).
-    binds = dict.fromkeys([args.host, layout.console_host])
-    hosts = dict.fromkeys(["localhost", "127.0.0.1", "[::1]", *binds])
+    # With --netns the console also listens where the sites reach it (and accepts that Host);
+    # a wildcard --host covers that address already (a second bind would collide).
+    wildcard = args.host in {"0.0.0.0", "::"}  # noqa: S104 - the operator's choice
+    binds = dict.fromkeys([args.host] if wildcard else [args.host, layout.console_host])
+    hosts = dict.fromkeys(["localhost", "127.0.0.1", "[::1]", args.host, layout.console_host])
     _say("starting the console, worker and beat")
     console = groups.start("console", [py, "-m", "gunicorn", "console.wsgi:application",
         *(a for b in binds for a in ("--bind", f"{b}:{console_port}")), "--workers", "1",
