@@ -163,11 +163,12 @@ def _rows(world: World) -> None:
 def world(
     django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[World]:
-    sites = contextlib.ExitStack()
-    world = World(tmp_path_factory.mktemp("flows"), sites.enter_context(topo.sites_up()))
-    topo.build_models(world.models_dir)
-    env = contextlib.contextmanager(topo.set_env)(topo.controller_env(world.pki))
-    with sites, django_db_blocker.unblock(), env:  # the namespaces go last, once empty
+    env = contextlib.contextmanager(topo.set_env)
+    with contextlib.ExitStack() as stack:  # the namespaces go last, once empty
+        world = World(tmp_path_factory.mktemp("flows"), stack.enter_context(topo.sites_up()))
+        topo.build_models(world.models_dir)
+        stack.enter_context(django_db_blocker.unblock())
+        stack.enter_context(env(topo.controller_env(world.pki)))
         try:
             world.console = topo.Console(
                 _database_url(), world.tmp / "console.log", world.pki, world.sites.console_address
