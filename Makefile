@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml scripts/install-torch.sh | $(PY)
 install: $(STAMP)
 
 ## The README's run command: two datacenters on this machine, a model deployed end to end
-## (SQLite, filesystem broker: no Redis or Postgres needed). RUN_ARGS: e.g. --model smollm2.
+## (SQLite, filesystem broker: no Redis or Postgres needed). RUN_ARGS: e.g. --model smollm2,
+## or --netns (as root: the two sites in network namespaces).
 RUN_ARGS ?=
 run: $(STAMP)
 	$(PY) -m pdbridge.cli run $(RUN_ARGS)

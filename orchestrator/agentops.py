@@ -45,11 +45,13 @@ _ORCHESTRATOR_KEYS = {
     "port",
     "host",
     "kv_port",
+    "kv_host",
     "kv_listen",
     "kv_link_port",
     "gateway_port",
     "kv_tls",
     "kv_insecure",
+    "http_insecure",
     "engine_host",
     *_ENGINE_EXTRA,
 }
@@ -121,8 +123,10 @@ class Target:
 
     @property
     def kv_address(self) -> str:
-        """What prefill engines dial to reach this decode node's KV receiver."""
-        return f"{self.host}:{_port(self.settings, 'kv_port', DEFAULT_KV_PORT)}"
+        """What prefill engines dial to reach this decode node's KV receiver: ``kv_host``
+        (a WAN proxy or NAT address in front of the receiver) or the node's host."""
+        host = self.settings.get("kv_host") or self.host
+        return f"{host}:{_port(self.settings, 'kv_port', DEFAULT_KV_PORT)}"
 
     @property
     def kv_link_address(self) -> str:
@@ -188,6 +192,10 @@ def engine_launch_settings(target: Target, config: dict[str, Any]) -> tuple[str,
         args.append("--kv-insecure")
     else:
         raise AgentOpsError("engine_settings.kv_tls: required (or kv_insecure: true on loopback)")
+    if s.get("http_insecure"):
+        # Plaintext engine HTTP on a non-loopback bind address: private networks only (the
+        # testbed's namespace sites); the reference engine refuses it without the flag.
+        args.append("--insecure")
     launch["extra_args"] = args
     return str(s.get("engine") or "reference"), launch
 

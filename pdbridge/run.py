@@ -56,6 +56,9 @@ def main(argv: list[str]) -> int:
     testbed.add_argument("--wan-mbit", type=float, default=200.0, help="WAN bandwidth (Mbit/s)")
     testbed.add_argument("--wan-latency-ms", type=float, default=10.0, help="WAN one-way latency")
     testbed.add_argument("--gateway-port", type=int, default=8080, help="0: any free port")
+    testbed.add_argument("--netns", action="store_true",
+                         help="run the two sites in network namespaces joined by a tbf-shaped "
+                              "veth (root, iproute2)")  # fmt: skip
     testbed.add_argument("--var-dir", default=os.environ.get("PDBRIDGE_TESTBED_DIR", "var/testbed"))
     testbed.add_argument("--deploy-timeout", type=float, default=900.0, help="seconds")
     testbed.add_argument("--deploy-retries", type=int, default=1, help="retries of a failed step")
@@ -64,6 +67,12 @@ def main(argv: list[str]) -> int:
         "--exit-after", type=float, default=0.0, help="stop after N s up (0: never)"
     )
     args = parser.parse_args(argv)
+    if not args.wan_mbit > 0:
+        parser.error(f"--wan-mbit: must be positive, got {args.wan_mbit}")
+    if args.wan_latency_ms < 0:
+        parser.error(f"--wan-latency-ms: must be 0 or more, got {args.wan_latency_ms}")
+    if args.netns and (args.console_only or args.check):
+        parser.error("--netns: runs the testbed's sites; not with --console-only or --check")
     if not (args.console_only or args.check):
         from pdbridge import testbed as testbed_main
 

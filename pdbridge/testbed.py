@@ -11,6 +11,13 @@ agents), the link, the model, a demo deployment with a fast rollout plan, runs t
 workflow through its eight steps (the canary of step 8 to 100 %, with demo traffic) and prints
 the console URL, the gateway URL and a ``curl`` line.
 
+With ``--netns`` (root) the sites run in two network namespaces instead (:mod:`pdbridge.netns`):
+each site's agent (and everything it launches) and the shaper are started inside its namespace
+with ``ip netns exec``; the console, worker and beat stay in the root namespace, reachable from
+the sites at the console address; the WAN is the veth between the sites, shaped with ``tc tbf``
+(bandwidth), latency still from the shaping proxy. The node certificate is re-issued for the
+run's addresses; the namespaces are removed at shutdown.
+
 Called by ``pdbridge.run.main``; blocks until SIGINT/SIGTERM (or ``--exit-after``), then stops
 every process group and kills any descendant left. Errors while coming up are printed with the
 failing process's log tail; the exit code is then 1.
@@ -32,11 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from agents.engines.reference import checkpoints
+from pdbridge import netns
 from pdbridge.procgroup import ProcessGroups, become_subreaper, free_port, pinned_port, port_is_free
 from pdbridge.testbed_rows import (
     DEMO_PARAMS,
     MODELS,
     DemoModel,
+    Layout,
     Ports,
     agent_config,
     register,
@@ -62,6 +71,7 @@ class Endpoints:
     agents: dict[str, str]
     var_dir: str
     pid: int
+    namespaces: list[str]  # with --netns: the sites' namespaces (removed at shutdown)
 
 
 def _say(message: str) -> None:
@@ -139,6 +149,41 @@ def make_pki(directory: Path) -> dict[str, Path]:
     create_node_cert(ca, nodes, "localhost")
     create_node_cert(ca, nodes, "orchestrator")
     return paths
+
+
+def site_cert(pki: dict[str, Path], addresses: list[str]) -> dict[str, Path]:
+    """With ``--netns``: a node certificate (``sites``) whose SANs add this run's addresses
+    (servers are dialled by IP: the console by the agents, the agents and kv-link by the
+    worker, the KV receiver by the prefill engine); issued per run, the addresses change."""
+    from grpc_kv.api import create_node_cert
+    from grpc_kv.certs import CertFiles
+
+    ca = CertFiles(pki["ca"], pki["ca"], pki["ca"].parent / "ca-key.pem")
+    cert = create_node_cert(ca, pki["node_cert"].parent, "sites", sans=addresses, days=7)
+    return {**pki, "node_cert": cert.cert_file, "node_key": cert.key_file}
+
+
+def netns_up(args: Any) -> netns.NamespaceSites:
+    """The two namespace sites of ``--netns`` (NetnsError, a RuntimeError, when impossible);
+    sites left by a killed earlier run in the same state directory are removed first."""
+    netns.check_available()
+    record = Path(args.var_dir).resolve() / "netns.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    left = netns.remove_recorded(record)
+    if left:
+        _say(f"removed namespaces left by an earlier run: {', '.join(left)}")
+    sites = netns.create(rate_mbit=args.wan_mbit)
+    sites.record(record)
+    _say(f"network namespaces: {sites.local.namespace} (local, {sites.local.address}), "
+         f"{sites.remote.namespace} (remote, {sites.remote.address}); console side "
+         f"{sites.console_address}; WAN veth shaped to {args.wan_mbit} Mbit/s (tc tbf)")  # fmt: skip
+    return sites
+
+
+def netns_down(sites: netns.NamespaceSites, args: Any) -> None:
+    sites.teardown()
+    (Path(args.var_dir).resolve() / "netns.json").unlink(missing_ok=True)
+    _say(f"removed namespaces {sites.local.namespace}, {sites.remote.namespace}")
 
 
 def _https_answers(url: str, context: ssl.SSLContext) -> bool:
@@ -295,14 +340,22 @@ def _wait_agents_online(node_ids: list[int], timeout: float) -> None:
     raise RuntimeError("agents did not heartbeat to the console in time")
 
 
-def bring_up(args: Any, groups: ProcessGroups, stop: threading.Event) -> Endpoints:
-    """Everything up to a deployment at 100 %; blocking. Raises RuntimeError on a failure."""
+def bring_up(
+    args: Any,
+    groups: ProcessGroups,
+    stop: threading.Event,
+    sites: netns.NamespaceSites | None = None,
+) -> Endpoints:
+    """Everything up to a deployment at 100 %; blocking. Raises RuntimeError on a failure.
+    ``sites``: run the two sites in these namespaces (``--netns``), else on loopback."""
     var_dir = Path(args.var_dir).resolve()
     var_dir.mkdir(parents=True, exist_ok=True)
     fresh_state(var_dir)
     model = MODELS[args.model]
     _say(f"state under {var_dir}; logs under {var_dir / 'logs'}")
     pki = make_pki(var_dir / "pki")
+    if sites is not None:
+        pki = site_cert(pki, sites.addresses)
     env = _child_env(var_dir, pki)
     groups.env = env
     groups.cwd = var_dir
@@ -330,11 +383,21 @@ def bring_up(args: Any, groups: ProcessGroups, stop: threading.Event) -> Endpoin
     if not port_is_free(console_port, args.host):
         raise RuntimeError(f"--port: {console_port} is taken (pick another, or 0 for any)")
     console_url = f"https://{args.host}:{console_port}"
+    layout = Layout.loopback(args.host) if sites is None else Layout.namespaces(sites)
+
+    def wrap(site: str, argv: list[str]) -> list[str]:
+        return argv if sites is None else sites.wrap(site, argv)
+
+    # With --netns the console also listens where the sites reach it (and accepts that Host);
+    # a wildcard --host covers that address already (a second bind would collide).
+    wildcard = args.host in {"0.0.0.0", "::"}  # noqa: S104 - the operator's choice
+    binds = dict.fromkeys([args.host] if wildcard else [args.host, layout.console_host])
+    hosts = dict.fromkeys(["localhost", "127.0.0.1", "[::1]", args.host, layout.console_host])
     _say("starting the console, worker and beat")
     console = groups.start("console", [py, "-m", "gunicorn", "console.wsgi:application",
-        "--bind", f"{args.host}:{console_port}", "--workers", "1", "--threads", "8",
-        "--certfile", str(pki["node_cert"]), "--keyfile", str(pki["node_key"]),
-        "--graceful-timeout", "5"])  # fmt: skip
+        *(a for b in binds for a in ("--bind", f"{b}:{console_port}")), "--workers", "1",
+        "--threads", "8", "--certfile", str(pki["node_cert"]), "--keyfile", str(pki["node_key"]),
+        "--graceful-timeout", "5"], {"ALLOWED_HOSTS": ",".join(hosts)})  # fmt: skip
     groups.start("worker", [py, "-m", "celery", "-A", "orchestrator.celery", "worker", "-P", "threads",
         "-c", "4", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "INFO"])  # fmt: skip
     groups.start("beat", [py, "-m", "celery", "-A", "orchestrator.celery", "beat", "-l", "INFO",
@@ -345,12 +408,22 @@ def bring_up(args: Any, groups: ProcessGroups, stop: threading.Event) -> Endpoin
     check_stop()
 
     ports = Ports.choose(pinned_port, args.gateway_port)
-    _say(f"WAN: {args.wan_mbit} Mbit/s, {args.wan_latency_ms} ms (shaping proxy on the KV path)")
-    groups.start("wan-shaper", [py, "-m", "pdbridge.cli", "kv", "proxy",
-        "--listen", f"127.0.0.1:{ports.kv_shaped}", "--upstream", f"127.0.0.1:{ports.kv_receiver}",
-        "--bandwidth-mbit", str(args.wan_mbit), "--latency-ms", str(args.wan_latency_ms)])  # fmt: skip
+    shaper = [py, "-m", "pdbridge.cli", "kv", "proxy", "--listen", f"127.0.0.1:{ports.kv_shaped}",
+              "--upstream", f"{layout.binds['local']}:{ports.kv_receiver}",
+              "--latency-ms", str(args.wan_latency_ms)]  # fmt: skip
+    if sites is None:
+        _say(
+            f"WAN: {args.wan_mbit} Mbit/s, {args.wan_latency_ms} ms (shaping proxy on the KV path)"
+        )
+        shaper += ["--bandwidth-mbit", str(args.wan_mbit)]
+    else:
+        # Bandwidth is the tbf on the WAN veth; the shaper (in the remote site, in front of the
+        # veth) adds the latency the kernel cannot (no netem).
+        _say(f"WAN: {args.wan_latency_ms} ms from the shaping proxy on the KV path, in front "
+             f"of the {args.wan_mbit} Mbit/s veth")  # fmt: skip
+    groups.start("wan-shaper", wrap("remote", shaper))
 
-    rows = register(model, ports, pki, args.wan_mbit, model_weights_sha256(model))
+    rows = register(model, ports, pki, args.wan_mbit, layout, model_weights_sha256(model))
     addresses: dict[str, str] = {}
     for site, token in rows.tokens.items():
         site_dir = var_dir / "sites" / site
@@ -360,23 +433,25 @@ def bring_up(args: Any, groups: ProcessGroups, stop: threading.Event) -> Endpoin
         fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(token)
-        config = agent_config(site, site_dir, pki, console_url, token_file, ports)
+        agents_console = f"https://{layout.console_host}:{console_port}"
+        config = agent_config(site, site_dir, pki, agents_console, token_file, ports, layout)
         config_path = site_dir / "agent.json"
         config_path.write_text(json.dumps(config, indent=2))
         info = site_dir / "state" / "agent.json"
         info.unlink(missing_ok=True)
         _say(f"starting the {site} site's agent")
         agent = groups.start(
-            f"agent-{site}", [py, "-m", "pdbridge.cli", "agent", "--config", str(config_path)]
+            f"agent-{site}",
+            wrap(site, [py, "-m", "pdbridge.cli", "agent", "--config", str(config_path)]),
         )
         groups.wait_until(agent, info.exists, 60, "agent listening")
-        addresses[site] = f"127.0.0.1:{json.loads(info.read_text())['port']}"
+        addresses[site] = f"{layout.binds[site]}:{json.loads(info.read_text())['port']}"
     rows.set_agent_addresses(addresses)
     _wait_agents_online(rows.node_ids, 60)
     _say("agents online; running the deployment workflow (8 steps)")
     check_stop()
 
-    gateway_url = f"https://localhost:{ports.gateway}"
+    gateway_url = f"https://{layout.hosts['local']}:{ports.gateway}"
     traffic = DemoTraffic(gateway_url, context, model.served)
     try:
         run_id = _deploy(rows.deployment_id, traffic, args.deploy_timeout, args.deploy_retries)
@@ -388,8 +463,9 @@ def bring_up(args: Any, groups: ProcessGroups, stop: threading.Event) -> Endpoin
     from django.db import connection
 
     connection.close()
+    namespaces = [] if sites is None else [sites.local.namespace, sites.remote.namespace]
     ready = Endpoints(console_url, gateway_url, str(pki["ca"]), model.served, rows.deployment_id,
-                      run_id, addresses, str(var_dir), os.getpid())  # fmt: skip
+                      run_id, addresses, str(var_dir), os.getpid(), namespaces)  # fmt: skip
     _print_ready(ready, password, model)
     return ready
 
@@ -427,8 +503,11 @@ def main(args: Any) -> int:
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     groups = ProcessGroups(Path(args.var_dir).resolve() / "logs", dict(os.environ))
     code = 0
+    sites: netns.NamespaceSites | None = None
     try:
-        ready = bring_up(args, groups, stop)
+        if getattr(args, "netns", False):
+            sites = netns_up(args)
+        ready = bring_up(args, groups, stop, sites)
         if args.ready_file:
             Path(args.ready_file).write_text(json.dumps(asdict(ready)))
         _serving[0] = True
@@ -454,6 +533,8 @@ def main(args: Any) -> int:
         if left:
             for pid, command in left:
                 _say(f"killed leftover process {pid}: {command[:160]}")
+        if sites is not None:  # after the processes: a namespace lives while one is inside
+            netns_down(sites, args)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         _say("stopped")

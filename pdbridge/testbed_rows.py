@@ -9,7 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pdbridge.netns import NamespaceSites
+
+SITES = ("local", "remote")
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,30 @@ class Ports:
         return cls(pick(), pick(), pick(), pick(), pick(), pick(), gateway_port)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where each site's processes listen and how the others reach them: all on loopback
+    (``loopback``), or one address per site in two network namespaces (``namespaces``, see
+    :mod:`pdbridge.netns`)."""
+
+    hosts: dict[str, str]  # site -> node hostname: what the orchestrator, gateway and TLS use
+    binds: dict[str, str]  # site -> the address the site's servers bind
+    console_host: str  # how agents (and the gateways they launch) reach the console
+    # What prefill engines dial for KV: the remote site's own fault proxy, in front of the
+    # WAN (None: the decode node's hostname, i.e. ``localhost`` on loopback, which is the
+    # remote agent's proxy too since both sites share the loopback).
+    kv_host: str | None = None
+
+    @classmethod
+    def loopback(cls, console_host: str) -> Layout:
+        return cls({s: "localhost" for s in SITES}, {s: "127.0.0.1" for s in SITES}, console_host)
+
+    @classmethod
+    def namespaces(cls, sites: NamespaceSites) -> Layout:
+        addresses = {s: sites.site(s).address for s in SITES}
+        return cls(addresses, addresses, sites.console_address, sites.remote.address)
+
+
 @dataclass
 class Rows:
     deployment_id: int
@@ -116,11 +145,17 @@ class Rows:
 
 
 def register(
-    model: DemoModel, ports: Ports, pki: dict[str, Path], wan_mbit: float, weights_sha256: str
+    model: DemoModel,
+    ports: Ports,
+    pki: dict[str, Path],
+    wan_mbit: float,
+    layout: Layout,
+    weights_sha256: str,
 ) -> Rows:
-    """Sites ``local`` (decode) and ``remote`` (prefill), their link, one node each, the model
-    (with its weights sha256), the ``demo`` deployment with its pools and a fast rollout plan,
-    and a token per node."""
+    """Sites ``local`` (decode) and ``remote`` (prefill), their link, one node each (named as
+    ``layout.hosts`` says), the model (with its weights sha256), the ``demo`` deployment with
+    its pools (servers bound to ``layout.binds``) and a fast rollout plan, and a token per
+    node."""
     from console.catalog.services import model_create
     from console.deployments.services import deployment_create, pool_create
     from console.inventory.services import link_create, node_create, node_token_issue, site_create
@@ -131,7 +166,7 @@ def register(
     link_create(actor=None, from_site=remote, to_site=local, provisioned_mbit_s=int(wan_mbit))
     nodes = {
         site.name: node_create(
-            actor=None, site=site, hostname="localhost", agent_address="127.0.0.1:1"
+            actor=None, site=site, hostname=layout.hosts[site.name], agent_address="127.0.0.1:1"
         )
         for site in (local, remote)
     }
@@ -146,7 +181,7 @@ def register(
         chunked_prefill_tokens=64,
         timeout_ms=model.timeout_ms,
     )
-    common = {
+    common: dict[str, Any] = {
         "model": model.spec,
         "threads": 1,
         "kv_tls": {
@@ -155,15 +190,21 @@ def register(
             "key": str(pki["node_key"]),
         },
     }
+    # Prefill engines send KV to ``kv_host:kv_wan``: the remote agent's fault proxy, whose
+    # upstream is the WAN shaper and then the decode engine's receiver (``kv_listen``).
+    kv_host = {"kv_host": layout.kv_host} if layout.kv_host else {}
+    if layout.kv_host:  # namespace sites: engines bind the site address, HTTP on private veths
+        common["http_insecure"] = True
     pool_create(
         actor=None, deployment=dep, role="decode", site=local, nodes=[nodes["local"]],
-        engine_settings={**common, "port": ports.decode, "kv_port": ports.kv_wan,
-                         "kv_listen": f"127.0.0.1:{ports.kv_receiver}",
+        engine_settings={**common, "host": layout.binds["local"], "port": ports.decode,
+                         "kv_port": ports.kv_wan, **kv_host,
+                         "kv_listen": f"{layout.binds['local']}:{ports.kv_receiver}",
                          "kv_link_port": ports.kv_link, "gateway_port": ports.gateway},
     )  # fmt: skip
     pool_create(
         actor=None, deployment=dep, role="prefill", site=remote, nodes=[nodes["remote"]],
-        engine_settings={**common, "port": ports.prefill},
+        engine_settings={**common, "host": layout.binds["remote"], "port": ports.prefill},
     )  # fmt: skip
     rollout_plan_create(
         actor=None,
@@ -189,13 +230,16 @@ def agent_config(
     console_url: str,
     token_file: Path,
     ports: Ports,
+    layout: Layout,
 ) -> dict[str, Any]:
     """A site's agent: mTLS (only the controller may call it), heartbeats to the console; the
-    remote site's agent runs the fault proxy in front of the WAN shaper on the KV path."""
+    remote site's agent runs the fault proxy in front of the WAN shaper on the KV path (the
+    shaper listens on the remote site's loopback, in its namespace with ``--netns``)."""
+    bind = layout.binds[site]
     proxies = (
         {
             "local": {
-                "listen": f"127.0.0.1:{ports.kv_wan}",
+                "listen": f"{bind}:{ports.kv_wan}",
                 "upstream": f"127.0.0.1:{ports.kv_shaped}",
             }
         }
@@ -203,10 +247,10 @@ def agent_config(
         else {}
     )
     return {
-        "node": {"name": "localhost", "site": site},
-        "listen": "127.0.0.1:0",
+        "node": {"name": layout.hosts[site], "site": site},
+        "listen": f"{bind}:0",
         "state_dir": str(site_dir / "state"),
-        "metrics_listen": "127.0.0.1:0",
+        "metrics_listen": f"{bind}:0",
         "tls": {
             "ca": str(pki["ca"]),
             "cert": str(pki["node_cert"]),

@@ -1,7 +1,8 @@
 """``pdbridge run`` smoke test on real processes: the testbed comes up, the deploy run's eight
 steps succeed with the canary at 100 %, a request through the gateway is served on the remote
 path with tokens, the printed ``curl`` line works, and SIGTERM leaves no process behind and
-frees the ports."""
+frees the ports. The same with ``--netns`` (root): the sites run in two namespaces, the WAN
+probe sees the tbf-shaped veth, and shutdown removes the namespaces too."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from pdbridge.procgroup import port_is_free, terminate_session
+from tests.netns import require_netns
 from tests.support import subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -57,13 +59,79 @@ def marked_processes(mark: str) -> list[int]:
 
 
 def test_make_run_reaches_full_share_serves_remote_and_shuts_down_clean(tmp_path):
+    ready, _ = smoke(tmp_path, [])
+
+    assert ready["namespaces"] == []
+    assert ready["gateway_url"].startswith("https://localhost:")
+
+
+def namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True)
+    return {line.split()[0] for line in out.stdout.splitlines() if line.strip()}
+
+
+def net_namespace(pid: int) -> str:
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
+@pytest.mark.netns
+def test_make_run_netns_runs_the_sites_in_namespaces_and_removes_them(tmp_path):
+    require_netns()
+    seen: dict[str, object] = {}
+
+    def while_up(ready: dict, db: sqlite3.Connection) -> None:
+        seen["namespaces_while_up"] = set(ready["namespaces"]) <= namespaces()
+        # Each agent runs inside its site's namespace, not in ours.
+        pids = {
+            site: subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                                 check=True).stdout.split()
+            for site, ns in zip(("local", "remote"), ready["namespaces"], strict=True)
+        }  # fmt: skip
+        seen["pids"] = pids
+        seen["own_ns"] = {net_namespace(int(p)) for ps in pids.values() for p in ps} & {
+            net_namespace(os.getpid())
+        }
+        seen["probe"] = json.loads(
+            db.execute(
+                "SELECT evidence FROM runs_steprun WHERE run_id = ? AND name = 'wan_baseline'",
+                (ready["deploy_run"],),
+            ).fetchone()[0]
+        )["probes"][0]
+
+    ready, output = smoke(tmp_path, ["--netns", "--wan-mbit", "100"], while_up)
+
+    local_ns, remote_ns = ready["namespaces"]
+    assert local_ns.endswith(remote_ns.rsplit("-", 1)[1])  # one random suffix per run
+    assert seen["namespaces_while_up"] is True
+    assert all(seen["pids"].values()), seen["pids"]  # agents, engines, gateway... inside
+    assert seen["own_ns"] == set()
+    local_ip = ready["agents"]["local"].rsplit(":", 1)[0]
+    remote_ip = ready["agents"]["remote"].rsplit(":", 1)[0]
+    assert ready["gateway_url"].startswith(f"https://{local_ip}:")
+    assert not local_ip.startswith("127.")
+    assert not remote_ip.startswith("127.")
+    # The WAN probe (remote agent -> local kv-link) crossed the tbf-shaped veth.
+    probe = seen["probe"]
+    assert probe["from"] == remote_ip
+    assert probe["to"].startswith(f"{local_ip}:")
+    assert 0 < probe["mbit_s"] <= 110
+    assert f"removed namespaces {local_ns}, {remote_ns}" in output
+    assert not {local_ns, remote_ns} & namespaces()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
+    suffix = local_ns.rsplit("-", 1)[1]
+    assert suffix not in links.stdout
+
+
+def smoke(tmp_path: Path, args: list[str], while_up=None) -> tuple[dict, str]:
+    """Run the testbed with ``args`` through the whole smoke check; ``while_up(ready, db)``
+    looks at it while it is up. Returns the ready file and the output."""
     mark = uuid.uuid4().hex
     env = {k: v for k, v in subprocess_env(PDBRIDGE_SMOKE_MARK=mark).items() if k not in FOREIGN}
     ready_file = tmp_path / "ready.json"
     out = (tmp_path / "run.out").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "pdbridge.cli", "run", "--port", "0", "--gateway-port", "0",
-         "--var-dir", str(tmp_path / "var"), "--ready-file", str(ready_file)],
+         "--var-dir", str(tmp_path / "var"), "--ready-file", str(ready_file), *args],
         env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
@@ -87,6 +155,8 @@ def test_make_run_reaches_full_share_serves_remote_and_shuts_down_clean(tmp_path
             "SELECT state, remote_share_percent FROM deployments_deployment WHERE id = ?",
             (ready["deployment_id"],),
         ).fetchone()
+        if while_up is not None:
+            while_up(ready, db)
         assert (state, share) == ("active", 100)
 
         # Both agents report mTLS and the hash of the weights their engine serves, equal to
@@ -155,4 +225,6 @@ def test_make_run_reaches_full_share_serves_remote_and_shuts_down_clean(tmp_path
     console_port = int(ready["console_url"].rsplit(":", 1)[1])
     gateway_port = int(ready["gateway_url"].rsplit(":", 1)[1])
     assert port_is_free(console_port)
-    assert port_is_free(gateway_port)
+    if not ready["namespaces"]:  # with --netns the gateway's port was in a namespace
+        assert port_is_free(gateway_port)
+    return ready, output

@@ -9,7 +9,8 @@ Engine addresses. The console contract lists each node's ``hostname`` and ``agen
 the gateway additionally reads, when present, ``engine_url`` (the engine's HTTP base URL) and
 ``kv_address`` (``host:port`` of a decode node's KV receiver) on each node. Without them it
 uses ``http://<hostname>:<engine_settings.port or 8000>`` and
-``<hostname>:<engine_settings.kv_port or 7100>`` from the pool's ``engine_settings``.
+``<engine_settings.kv_host or hostname>:<engine_settings.kv_port or 7100>`` from the pool's
+``engine_settings``.
 """
 
 from __future__ import annotations
@@ -135,7 +136,8 @@ def _site(pool: Any, where: str, decode: bool) -> Site:
         url = _str(url, f"{at}.engine_url").rstrip("/")
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"{at}.engine_url: must start with http:// or https://")
-        kv = node.get("kv_address") or f"{host}:{int(settings.get('kv_port', 7100))}"
+        kv_host = settings.get("kv_host") or host  # a WAN proxy / NAT in front of the receiver
+        kv = node.get("kv_address") or f"{kv_host}:{int(settings.get('kv_port', 7100))}"
         instances.append(Instance(host, url, _str(kv, f"{at}.kv_address")))
     if decode and not instances:
         raise ConfigError(f"{where}.nodes: the decode pool needs at least one node")

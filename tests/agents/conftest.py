@@ -120,10 +120,11 @@ class AgentProc:
     port: int
     metrics_port: int
     log_path: Path
+    host: str = "127.0.0.1"  # where it listens (a namespace site's address, see start_agent)
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def kill9(self) -> None:
         self.process.kill()
@@ -185,8 +186,16 @@ def agent_config(tmp: Path, pki: Pki | None, **overrides: Any) -> dict[str, Any]
     return config
 
 
-def start_agent(tmp: Path, config: dict[str, Any], timeout: float = 30) -> AgentProc:
-    """Write agent.yaml, start ``python -m pdbridge.cli agent`` and wait for agent.json."""
+def start_agent(
+    tmp: Path,
+    config: dict[str, Any],
+    timeout: float = 30,
+    wrap: Callable[[list[str]], list[str]] | None = None,
+    host: str = "127.0.0.1",
+) -> AgentProc:
+    """Write agent.yaml, start ``python -m pdbridge.cli agent`` and wait for agent.json.
+    ``wrap``: turns the argv into one run elsewhere (``ip netns exec``, which keeps the pid);
+    ``host``: the address the agent listens on there."""
     tmp.mkdir(parents=True, exist_ok=True)
     config_path = tmp / "agent.yaml"
     config_path.write_text(yaml.safe_dump(config))
@@ -195,8 +204,9 @@ def start_agent(tmp: Path, config: dict[str, Any], timeout: float = 30) -> Agent
     info_path.unlink(missing_ok=True)
     log_path = tmp / f"agent-{time.monotonic_ns()}.log"
     with log_path.open("wb") as log:
+        argv = [PY, "-m", "pdbridge.cli", "agent", "--config", str(config_path)]
         process = subprocess.Popen(
-            [PY, "-m", "pdbridge.cli", "agent", "--config", str(config_path)],
+            wrap(argv) if wrap else argv,
             stdout=log,
             stderr=subprocess.STDOUT,
             env=subprocess_env(),
@@ -211,8 +221,9 @@ def start_agent(tmp: Path, config: dict[str, Any], timeout: float = 30) -> Agent
             info = json.loads(info_path.read_text())
             if info["pid"] == process.pid:
                 return AgentProc(
-                    process, state_dir, config_path, info["port"], info["metrics_port"], log_path
-                )
+                    process, state_dir, config_path, info["port"], info["metrics_port"], log_path,
+                    host,
+                )  # fmt: skip
         time.sleep(0.05)
     process.kill()
     raise AssertionError(f"agent did not start: {log_path.read_text()[-3000:]}")

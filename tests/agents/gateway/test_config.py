@@ -37,6 +37,19 @@ def test_engine_url_defaults_from_hostname_and_pool_port():
     assert config.decode.instances[0].kv_address == "dec-0:7200"
 
 
+def test_kv_host_puts_a_wan_proxy_in_front_of_the_decode_receiver():
+    data = snapshot()
+    node = data["pools"]["decode"]["nodes"][0]
+    del node["engine_url"], node["kv_address"]
+    data["pools"]["decode"]["engine_settings"] = {"port": 8100, "kv_port": 7200,
+                                                  "kv_host": "10.64.0.3"}  # fmt: skip
+
+    config = parse_snapshot(data)
+
+    assert config.decode.instances[0].url == "http://dec-0:8100"
+    assert config.decode.instances[0].kv_address == "10.64.0.3:7200"
+
+
 def test_measured_bandwidth_wins_over_provisioned():
     data = snapshot()
     data["links"][0]["measured_mbit_s"] = 5000

@@ -1,6 +1,7 @@
 """The deployment and canary workflows end to end on real processes: Celery workers, the
 console, two mTLS node agents (sites ``local`` and ``remote``) that launch reference engines,
-a kv-link and the gateway, and the remote agent's fault proxy on the KV (WAN) path.
+a kv-link and the gateway, and the remote agent's fault proxy on the KV (WAN) path. The two
+sites are network namespaces joined by a tbf-shaped veth (``topology``); needs root.
 
 The tests share one module-scoped testbed and run in order: the first deploys from nothing
 (engines are launched by the workflow), the later ones re-use what it brought up. The canary
@@ -44,9 +45,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 class World:
     """Handles on the testbed."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, sites: Any) -> None:
         self.tmp = tmp
-        self.pki = topo.make_pki(tmp / "pki")
+        self.sites = sites
+        self.pki = topo.make_pki(tmp / "pki", sites.addresses)
         self.ports = topo.Ports()
         self.models_dir = tmp / "models"
         self.console: topo.Console | None = None
@@ -92,7 +94,7 @@ class World:
 
     @property
     def gateway_url(self) -> str:
-        return f"https://localhost:{self.ports.gateway}"
+        return f"https://{self.sites.local.address}:{self.ports.gateway}"
 
 
 def _rows(world: World) -> None:
@@ -100,12 +102,12 @@ def _rows(world: World) -> None:
         SiteFactory(name="local", role="decode"),
         SiteFactory(name="remote", role="prefill"),
     )
-    LinkFactory(from_site=remote, to_site=local, provisioned_mbit_s=10_000)
+    LinkFactory(from_site=remote, to_site=local, provisioned_mbit_s=int(topo.WAN_MBIT))
+    # One address per site: node names, bind addresses and TLS names alike.
+    ip = {site: world.sites.site(site).address for site in ("local", "remote")}
     nodes = {
-        "local": Node.objects.create(site=local, hostname="localhost", agent_address="127.0.0.1:1"),
-        "remote": Node.objects.create(
-            site=remote, hostname="localhost", agent_address="127.0.0.1:1"
-        ),
+        site: Node.objects.create(site=row, hostname=ip[site], agent_address="127.0.0.1:1")
+        for site, row in (("local", local), ("remote", remote))
     }
     model = ModelSpecFactory(name=topo.SERVED, architecture=topo.ARCH)
     dep = make_deployment(
@@ -121,21 +123,25 @@ def _rows(world: World) -> None:
         "models_dir": str(world.models_dir),
         "threads": 1,
         "kv_tls": {"ca": str(pki.ca), "cert": str(pki.node_cert), "key": str(pki.node_key)},
+        "http_insecure": True,  # engine HTTP on the sites' private veths
     }
     pool_create(
         actor=None, deployment=dep, role="decode", site=local, nodes=[nodes["local"]],
         engine_settings={
             **common,
+            "host": ip["local"],
             "port": p.decode,
-            "kv_port": p.kv_wan,  # what prefill engines dial: the WAN (fault proxy) address
-            "kv_listen": f"127.0.0.1:{p.kv_receiver}",
+            # What prefill engines dial: the remote agent's fault proxy, in front of the WAN.
+            "kv_host": ip["remote"],
+            "kv_port": p.kv_wan,
+            "kv_listen": f"{ip['local']}:{p.kv_receiver}",
             "kv_link_port": p.kv_link,
             "gateway_port": p.gateway,
         },
     )  # fmt: skip
     pool_create(
         actor=None, deployment=dep, role="prefill", site=remote, nodes=[nodes["remote"]],
-        engine_settings={**common, "port": p.prefill},
+        engine_settings={**common, "host": ip["remote"], "port": p.prefill},
     )  # fmt: skip
     rollout_plan_create(
         actor=None,
@@ -155,20 +161,21 @@ def _rows(world: World) -> None:
         token_file = world.tmp / f"{site}.token"
         token_file.write_text(node_token_issue(actor=None, node=node))
         proxies = (
-            {"local": {"listen": f"127.0.0.1:{p.kv_wan}", "upstream": f"127.0.0.1:{p.kv_receiver}"}}
+            {"local": {"listen": f"{ip['remote']}:{p.kv_wan}",
+                       "upstream": f"{ip['local']}:{p.kv_receiver}"}}
             if site == "remote"
             else {}
-        )
+        )  # fmt: skip
         assert world.console is not None
         config = topo.agent_config(
-            world.tmp / site, pki, site, world.console.url, token_file, proxies
+            world.tmp / site, pki, site, world.console.site_url, token_file, proxies, ip[site]
         )
         if site == "remote":
             held = 'while [ -e "$0" ]; do sleep 0.1; done; exec "$@"'
             config["engine_executables"] = {
                 "reference": ["sh", "-c", held, str(world.engine_hold), *topo.PDBRIDGE_CLI]
             }
-        agent = topo.start_site_agent(world.tmp / site, config)
+        agent = topo.start_site_agent(world.tmp / site, config, world.sites, site)
         world.agents[site] = agent
         node_update(actor=None, node=node, agent_address=agent.address)
 
@@ -177,12 +184,16 @@ def _rows(world: World) -> None:
 def world(
     django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[World]:
-    world = World(tmp_path_factory.mktemp("flows"))
-    topo.build_models(world.models_dir)
-    env = contextlib.contextmanager(topo.set_env)(topo.controller_env(world.pki))
-    with django_db_blocker.unblock(), env:
+    env = contextlib.contextmanager(topo.set_env)
+    with contextlib.ExitStack() as stack:  # the namespaces go last, once empty
+        world = World(tmp_path_factory.mktemp("flows"), stack.enter_context(topo.sites_up()))
+        topo.build_models(world.models_dir)
+        stack.enter_context(django_db_blocker.unblock())
+        stack.enter_context(env(topo.controller_env(world.pki)))
         try:
-            world.console = topo.Console(_database_url(), world.tmp / "console.log", world.pki)
+            world.console = topo.Console(
+                _database_url(), world.tmp / "console.log", world.pki, world.sites.console_address
+            )
             _rows(world)
             yield world
         finally:
@@ -261,6 +272,17 @@ def test_pools_become_launch_settings_with_tls_and_kv_addresses():
     ]  # fmt: skip
     with pytest.raises(agentops.AgentOpsError, match=r"pools\.prefill"):
         agentops.targets(config, "prefill")
+    # A WAN relay in front of the receiver (the remote site's fault proxy); plaintext engine
+    # HTTP on a private non-loopback address.
+    relayed = agentops.Target(
+        "decode", "s", "dec-1", "a:1",
+        {"model": "m", "port": 9000, "kv_port": 9100, "kv_host": "10.64.0.3",
+         "kv_insecure": True, "http_insecure": True},
+    )  # fmt: skip
+    assert (relayed.engine_url, relayed.kv_address) == ("http://dec-1:9000", "10.64.0.3:9100")
+    _, relayed_launch = agentops.engine_launch_settings(relayed, config)
+    assert relayed_launch["extra_args"][-2:] == ["--kv-insecure", "--insecure"]
+    assert "kv_host" not in relayed_launch["kv_connector_extra_config"]
     plain = agentops.Target("decode", "s", "h", "a:1", {"model": "m"})
     with pytest.raises(agentops.AgentOpsError, match=r"engine_settings\.kv_tls"):
         agentops.engine_launch_settings(plain, config)

@@ -1,12 +1,17 @@
-"""A two-site testbed for the deployment and canary workflows, all real processes on loopback:
-the console (``runserver`` on the test database: agents fetch snapshots and heartbeat, the
-gateway polls its config), two node agents (site ``local``: decode, kv-link, gateway; site
-``remote``: prefill) with mTLS, the remote agent's userspace fault proxy on the KV path (the
-"WAN"), and the inventory / catalog / deployment rows that describe them.
+"""A two-site testbed for the deployment and canary workflows, all real processes, the two
+sites in network namespaces (:mod:`pdbridge.netns`, as ``pdbridge run --netns``): the console
+(gunicorn on the test database, in the root namespace, listening on loopback and on the
+console address the sites reach: agents heartbeat, the gateway polls its config), two node
+agents with mTLS, each in its site's namespace (site ``local``: decode, kv-link, gateway; site
+``remote``: prefill), the WAN as the tbf-shaped veth between the sites with the remote agent's
+userspace fault proxy in the KV path (prefill engines dial it; latency and faults come from
+it), and the inventory / catalog / deployment rows that describe them. Celery workers, Redis
+and the test's clients stay in the root namespace and reach the sites at their addresses.
 
 Engines, kv-link and gateway are *not* started here: the deployment workflow launches them
-through the agents. Built once per module (engine weights, agents, console); see
-``test_deploy_flow.py``.
+through the agents. Built once per module (engine weights, namespaces, agents, console); see
+``test_deploy_flow.py``. Needs root and iproute2 (:func:`sites_up`: a skip without them, a
+failure under CI=true).
 """
 
 from __future__ import annotations
@@ -22,13 +27,15 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agents.engines.verify import make_prompt
 from grpc_kv.api import create_ca, create_node_cert
+from pdbridge import netns
 from pdbridge.testbed_rows import MODELS
 from tests.agents.conftest import AgentProc, free_port, start_agent
 from tests.support import subprocess_env, unavailable
@@ -53,9 +60,27 @@ class Pki:
         return ssl.create_default_context(cafile=str(self.ca))
 
 
-def make_pki(directory: Path) -> Pki:
+#: The WAN veth's rate (tbf): far above what the tiny model's KV needs, but a shaped link.
+WAN_MBIT = 1000.0
+
+
+@contextmanager
+def sites_up() -> Iterator[netns.NamespaceSites]:
+    """The two namespace sites (skip without root and iproute2; a failure under CI=true).
+    Stop every process inside before leaving."""
+    try:
+        netns.check_available()
+    except netns.NetnsError as exc:
+        unavailable(str(exc))
+    with netns.namespace_sites(rate_mbit=WAN_MBIT) as sites:
+        yield sites
+
+
+def make_pki(directory: Path, addresses: Sequence[str] = ()) -> Pki:
+    """CA, the node certificate ``localhost`` (SANs add ``addresses``: every server is dialled
+    by its site's IP) and the controller's ``orchestrator``."""
     ca = create_ca(directory / "ca")
-    node = create_node_cert(ca, directory / "nodes", "localhost")
+    node = create_node_cert(ca, directory / "nodes", "localhost", sans=list(addresses))
     controller = create_node_cert(ca, directory / "nodes", "orchestrator")
     return Pki(ca.ca_file, node.cert_file, node.key_file, controller.cert_file, controller.key_file)
 
@@ -100,21 +125,23 @@ def build_models(models_dir: Path) -> None:
 
 class Console:
     """The console under gunicorn with TLS (agents and gateways require https) on the test
-    database."""
+    database, on loopback (``url``) and on the address the sites reach (``site_url``)."""
 
-    def __init__(self, database_url: str, log: Path, pki: Pki) -> None:
+    def __init__(self, database_url: str, log: Path, pki: Pki, site_host: str) -> None:
         self.port = free_port()
         self.url = f"https://127.0.0.1:{self.port}"
+        self.site_url = f"https://{site_host}:{self.port}"
         env = subprocess_env(
             DJANGO_SETTINGS_MODULE="console.settings",
             PDBRIDGE_ENV="test",
             DATABASE_URL=database_url,
+            ALLOWED_HOSTS=f"localhost,127.0.0.1,testserver,{site_host}",
         )
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gunicorn", "console.wsgi", "--bind", f"127.0.0.1:{self.port}",
-                 "--workers", "1", "--threads", "8", "--certfile", str(pki.node_cert),
-                 "--keyfile", str(pki.node_key)],
+                 "--bind", f"{site_host}:{self.port}", "--workers", "1", "--threads", "8",
+                 "--certfile", str(pki.node_cert), "--keyfile", str(pki.node_key)],
                 env=env, stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
         deadline = time.monotonic() + 60
@@ -143,13 +170,20 @@ class Console:
 
 
 def agent_config(
-    tmp: Path, pki: Pki, site: str, console_url: str, token_file: Path, proxies: dict[str, Any]
+    tmp: Path,
+    pki: Pki,
+    site: str,
+    console_url: str,
+    token_file: Path,
+    proxies: dict[str, Any],
+    host: str = "127.0.0.1",
 ) -> dict[str, Any]:
+    """A site's agent listening on ``host`` (its site's address)."""
     return {
-        "node": {"name": "localhost", "site": site},
-        "listen": "127.0.0.1:0",
+        "node": {"name": host, "site": site},
+        "listen": f"{host}:0",
         "state_dir": str(tmp / "state"),
-        "metrics_listen": "127.0.0.1:0",
+        "metrics_listen": f"{host}:0",
         "tls": {
             "ca": str(pki.ca),
             "cert": str(pki.node_cert),
@@ -172,8 +206,12 @@ def agent_config(
     }
 
 
-def start_site_agent(tmp: Path, config: dict[str, Any]) -> AgentProc:
-    return start_agent(tmp, config, timeout=60)
+def start_site_agent(
+    tmp: Path, config: dict[str, Any], sites: netns.NamespaceSites, site: str
+) -> AgentProc:
+    """The agent inside ``site``'s namespace (what it launches runs there too)."""
+    host = sites.site(site).address
+    return start_agent(tmp, config, timeout=60, wrap=lambda a: sites.wrap(site, a), host=host)
 
 
 class Traffic:
