@@ -420,7 +420,8 @@ def test_verification_failure_leaves_share_zero_and_retry_from_that_step_succeed
         "pending",
     ]
     verification = steps["verification"]
-    assert verification.error.startswith("verification mismatch on localhost at 120 tokens: ")
+    prefill_host = world.sites.site("remote").address  # the prefill node's hostname
+    assert verification.error.startswith(f"verification mismatch on {prefill_host} at 120 tokens: ")
     [report] = verification.evidence["reports"]
     [prompt] = report["prompts"]
     assert prompt["match"] is False
