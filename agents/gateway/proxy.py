@@ -156,17 +156,30 @@ async def relay(
         response.content_length = upstream.content_length
     if is_sse:
         response.headers["Cache-Control"] = "no-cache"
+    content = upstream.content
     try:
         await response.prepare(request)
-        await response.write(first)
-        first_at = last_at = time.monotonic()
         events = first.count(b"data:") if is_sse else 0
         ok = True
+        # Each chunk is written as soon as it was read (never held back), and each read takes
+        # everything the upstream connection has buffered by then. When the upstream's end
+        # came with the bytes just read, they go out with the response's end in one write:
+        # the last event and the stream's terminator in one syscall and one segment.
+        if content.at_eof():
+            await response.write_eof(first)
+            first_at = last_at = time.monotonic()
+            return response, RelayResult(first_at, last_at, events, ok)
+        await response.write(first)
+        first_at = last_at = time.monotonic()
         try:
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
+            while chunk := await content.readany():
                 if is_sse:
                     events += chunk.count(b"data:")
+                if content.at_eof():
+                    await response.write_eof(chunk)
+                    last_at = time.monotonic()
+                    return response, RelayResult(first_at, last_at, events, ok)
+                await response.write(chunk)
             last_at = time.monotonic()
         except (aiohttp.ClientError, TimeoutError) as error:
             ok = False

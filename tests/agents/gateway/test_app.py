@@ -390,6 +390,55 @@ def test_client_disconnect_while_waiting_for_kv_cancels_both_legs():
     assert run(scenario()) == (1, 1)
 
 
+def test_stream_chunks_reach_the_client_while_the_upstream_holds_the_rest():
+    """Pass-through, never buffered: the events sent so far arrive while the engine waits
+    (also the first one alone, and the last one before the stream's end)."""
+
+    async def read_events(response, n):
+        seen = b""
+        while seen.count(b"data: ") < n:
+            seen += await asyncio.wait_for(response.content.readany(), 5)
+        return seen
+
+    async def scenario():
+        async with gateway_env() as env:
+            env.decode.hold_after_events = 3
+            env.decode.token_delay_s = 0.02  # events leave the engine one by one
+            body = completion("hi", stream=True, max_tokens=6)
+            async with env.client.post(env.url + "/v1/completions", json=body) as response:
+                before = await read_events(response, 3)
+                upstream_still_open = env.decode.active
+                env.decode.release.set()
+                rest = await response.read()
+            return before, upstream_still_open, rest
+
+    before, upstream_still_open, rest = run(scenario())
+
+    assert before.count(b"data: ") == 3
+    assert upstream_still_open == 1
+    assert rest.count(b"data: {") == 3
+    assert rest.endswith(b"data: [DONE]\n\n")
+
+
+def test_engine_holding_the_end_of_a_stream_does_not_hold_its_last_event():
+    async def scenario():
+        async with gateway_env() as env:
+            env.decode.hold_after_events = 4  # after the last token event, before [DONE]
+            env.decode.token_delay_s = 0.02
+            body = completion("hi", stream=True, max_tokens=4)
+            async with env.client.post(env.url + "/v1/completions", json=body) as response:
+                seen = b""
+                while seen.count(b"data: {") < 4:
+                    seen += await asyncio.wait_for(response.content.readany(), 5)
+                env.decode.release.set()
+                return seen + await response.read()
+
+    body = run(scenario())
+
+    assert [e for e in body.decode().split("\n\n") if e][-1] == "data: [DONE]"
+    assert body.count(b"data: {") == 4
+
+
 def test_error_after_first_byte_is_an_sse_error_event():
     async def scenario():
         async with gateway_env() as env:
