@@ -1,12 +1,14 @@
 """HTTP behaviour of the gateway against engine test doubles on loopback."""
 
 import asyncio
+import dataclasses
 import json
+import time
 
 import aiohttp
 import pytest
 
-from tests.agents.gateway.harness import LONG, completion, gateway_env, sse_text
+from tests.agents.gateway.harness import FAST, LONG, completion, gateway_env, sse_text
 
 
 def run(coro):
@@ -484,6 +486,37 @@ def test_local_engine_error_is_relayed_as_4xx_or_502():
     assert json.loads(server_error[2])["error"]["type"] == "upstream_error"
     assert client_error[0] == 400
     assert json.loads(client_error[2])["error"]["message"] == "injected failure"
+
+
+def test_leg_past_request_timeout_ends_with_an_error_event_or_502():
+    """request_timeout_s bounds the whole local leg: mid-stream it becomes an SSE error event,
+    before the headers a 502 naming the timeout; the engine's work is aborted both times."""
+    settings = dataclasses.replace(FAST, request_timeout_s=0.6)
+
+    async def scenario():
+        async with gateway_env(settings) as env:
+            env.decode.token_delay_s = 0.2  # 10 tokens: 2 s, past the 0.6 s bound
+            started = time.monotonic()
+            streamed = await env.post(completion("hi", stream=True, max_tokens=10))
+            streamed_s = time.monotonic() - started
+            whole = await env.post(completion("hi", max_tokens=10))
+            await asyncio.sleep(0.1)
+            return streamed, streamed_s, whole, env.decode.cancelled, await env.metrics()
+
+    (status, headers, body), streamed_s, whole, cancelled, metrics = run(scenario())
+
+    assert (status, headers["x-pdbridge-path"]) == (200, "local")
+    events = [e for e in body.decode().split("\n\n") if e]
+    assert 1 <= len(events) - 1 <= 4
+    assert json.loads(events[-1][6:])["error"] == {
+        "message": "upstream failed: TimeoutError", "type": "upstream_error", "param": None,
+        "code": "upstream_error",
+    }  # fmt: skip
+    assert streamed_s < 1.5
+    assert whole[0] == 502
+    assert json.loads(whole[2])["error"]["message"] == "the decode engine failed: timeout"
+    assert cancelled == 2
+    assert 'pdbridge_gateway_requests_total{outcome="upstream_error",path="local"} 2.0' in metrics
 
 
 def test_metrics_exported_with_prefix():
