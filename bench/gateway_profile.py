@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-client", type=int, default=4)
     p.add_argument("--top", type=int, default=15, help="functions listed by own time")
     p.add_argument("--pin", default="auto", choices=["auto", "off"])
-    p.add_argument("--harness-loop", default="auto", choices=["auto", "uvloop", "asyncio"])
+    p.add_argument("--harness-loop", default="asyncio", choices=["auto", "uvloop", "asyncio"])
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     place = placement(args.pin)
