@@ -9,10 +9,19 @@
      added inter-token delay p99 <= 5 ms;
    * saturation: a fixed number of concurrent clients as fast as they go; requests/s through
      the gateway >= 0.8 x direct.
-   Direct and gateway runs alternate (``--rounds``) so that machine noise hits both.
+   Direct and gateway runs alternate (``--rounds``, the order rotating each round) so that
+   machine noise hits both. A second direct run in each round is the **null control**: its
+   "added" figures against the first direct run show what the load generator and the machine
+   alone make of the comparison (ideally ~0).
+
+Placement (``--pin auto``, with >= 2 usable CPUs): the load generator (this process) and the
+canned upstream run on one half of the CPUs, the serving process under test (gateway or bare
+proxy) on the other half, in every leg alike, so that the relay does not compete with the load
+it is measured under; the saturation phases run unpinned (what the whole machine takes). The
+placement and each process's event loop are recorded in the JSON.
 
 Run: ``python -m bench.gateway [--quick]``; ``python -m bench.gateway upstream`` runs only the
-canned upstream (prints its port).
+canned upstream (prints its port and event loop).
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +85,20 @@ async def _upstream_main() -> None:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0, backlog=2048).start()
-    print(json.dumps({"port": runner.addresses[0][1]}), flush=True)
+    print(json.dumps({"port": runner.addresses[0][1], "loop": _loop_name()}), flush=True)
     await asyncio.Event().wait()
+
+
+def _loop_name() -> str:
+    return type(asyncio.get_running_loop()).__module__.split(".")[0]
+
+
+def _run(main: Any, loop: str) -> Any:
+    """Run a coroutine on ``loop`` (``auto``: uvloop when installed, as the gateway does)."""
+    from agents.gateway.cli import loop_factory
+
+    with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
+        return runner.run(main)
 
 
 async def _bare_proxy_main(upstream: str) -> None:
@@ -102,11 +124,12 @@ async def _bare_proxy_main(upstream: str) -> None:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0, backlog=2048).start()
-    print(json.dumps({"port": runner.addresses[0][1]}), flush=True)
+    print(json.dumps({"port": runner.addresses[0][1], "loop": _loop_name()}), flush=True)
     await asyncio.Event().wait()
 
 
-def _spawn(args: list[str], ready: str) -> tuple[subprocess.Popen[str], int]:
+def _spawn(args: list[str], ready: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """Start a child; returns it and its ready line (``port``, and ``loop`` for json)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(
@@ -120,8 +143,39 @@ def _spawn(args: list[str], ready: str) -> tuple[subprocess.Popen[str], int]:
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if ready == "json":
-        return proc, int(json.loads(line)["port"])
-    return proc, int(line.strip().rsplit(":", 1)[1])
+        return proc, json.loads(line)
+    return proc, {"port": int(line.strip().rsplit(":", 1)[1])}
+
+
+# -- placement -------------------------------------------------------------------------------
+def placement(mode: str) -> dict[str, Any]:
+    """Which CPUs the harness (load generator + upstream) and the serving process get.
+    ``auto`` splits the usable CPUs in two halves when there are at least two; ``off`` (or
+    one CPU, or no ``sched_setaffinity``) leaves the scheduler free."""
+    if not hasattr(os, "sched_getaffinity"):
+        return {"pinned": False, "cpus": None, "harness": None, "serving": None}
+    cpus = sorted(os.sched_getaffinity(0))
+    if mode == "off" or len(cpus) < 2:
+        return {"pinned": False, "cpus": cpus, "harness": cpus, "serving": cpus}
+    half = len(cpus) // 2
+    return {"pinned": True, "cpus": cpus, "harness": cpus[:half], "serving": cpus[half:]}
+
+
+def _pin(pid: int, cpus: list[int] | None) -> list[int] | None:
+    """Set the affinity of every thread of ``pid`` (affinity is per thread on Linux; threads
+    created later inherit it). Returns the affinity read back."""
+    if cpus is None or not hasattr(os, "sched_setaffinity"):
+        return None
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        tids = [pid]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            continue  # a thread that ended meanwhile
+    return sorted(os.sched_getaffinity(pid))
 
 
 def _snapshot(upstream_url: str) -> dict[str, Any]:
@@ -183,8 +237,11 @@ async def paced(
 ) -> dict[str, float]:
     """``streams`` concurrent clients, each running ``per_client`` paced streams back to back
     (steady state: kept-alive connections). The first stream of each client warms its
-    connections and is left out of the figures."""
+    connections and is left out of the figures. ``loadgen_cpu_share``: this process's CPU
+    time over the wall time of the phase; near 1 the load generator itself is saturated and
+    its timestamps run late (check the null control)."""
     connector = aiohttp.TCPConnector(limit=0)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def client(i: int) -> list[tuple[float, list[float]]]:
@@ -195,6 +252,7 @@ async def paced(
         results = [
             r for rs in await asyncio.gather(*(client(i) for i in range(streams))) for r in rs[1:]
         ]
+    loadgen_cpu_share = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
     ttfts = [r[0] for r in results]
     gaps = [g for r in results for g in r[1]]
     return {
@@ -203,6 +261,7 @@ async def paced(
         "ttft_p99_ms": _pct(ttfts, 0.99) * 1000,
         "itl_p50_ms": _pct(gaps, 0.5) * 1000,
         "itl_p99_ms": _pct(gaps, 0.99) * 1000,
+        "loadgen_cpu_share": loadgen_cpu_share,
     }
 
 
@@ -309,13 +368,28 @@ def _cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+#: The legs of each round: ``direct_null`` is the null control (the same upstream again).
+LEGS = ("direct", "bare_proxy", "gateway", "direct_null")
+
+
 async def _overhead(
-    args: argparse.Namespace, urls: dict[str, str], pids: dict[str, int]
+    args: argparse.Namespace,
+    urls: dict[str, str],
+    pids: dict[str, int],
+    pin: Callable[[bool], None] = lambda _: None,
 ) -> dict[str, Any]:
+    """The legs, round after round. ``pin(True)`` applies the placement for the paced phases;
+    ``pin(False)`` lifts it for the saturation phases, which measure what the whole machine
+    takes (pinned, the relay would get half the CPUs and the direct leg the other half)."""
     rounds: list[dict[str, Any]] = []
-    for _ in range(args.rounds):
+    for k in range(args.rounds):
         row: dict[str, Any] = {}
-        for name, url in urls.items():
+        # Rotated order: no leg always runs first (cold) or last (after the others' load).
+        order = [*LEGS[k % len(LEGS) :], *LEGS[: k % len(LEGS)]]
+        row["order"] = order
+        for name in order:
+            url = urls[name]
+            pin(True)
             before = _cpu_s(pids[name])
             result = await paced(url, args.streams, args.tokens, 1000 / args.tok_s, args.per_client)
             after = _cpu_s(pids[name])
@@ -325,6 +399,7 @@ async def _overhead(
                 result["cpu_ms_per_stream"] = (
                     (after - before) * 1000 / (args.streams * args.per_client)
                 )
+            pin(False)
             row[name] = {
                 "paced": result,
                 "saturation_rps": await saturate(url, args.clients, args.seconds, 64),
@@ -335,33 +410,50 @@ async def _overhead(
         values = [r[path]["paced"][key] for r in rounds]
         return statistics.median(values)
 
-    direct_rps = statistics.median(r["direct"]["saturation_rps"] for r in rounds)
-    gateway_rps = statistics.median(r["gateway"]["saturation_rps"] for r in rounds)
-    bare_rps = statistics.median(r["bare_proxy"]["saturation_rps"] for r in rounds)
+    def added(path: str) -> dict[str, float]:
+        """``path`` against the direct leg: medians over rounds, then the difference."""
+        return {
+            "added_ttft_p50_ms": med(path, "ttft_p50_ms") - med("direct", "ttft_p50_ms"),
+            "added_ttft_p99_ms": med(path, "ttft_p99_ms") - med("direct", "ttft_p99_ms"),
+            "added_itl_p99_ms": med(path, "itl_p99_ms") - med("direct", "itl_p99_ms"),
+            "rps_ratio": rps[path] / rps["direct"],
+        }
+
+    rps = {name: statistics.median(r[name]["saturation_rps"] for r in rounds) for name in LEGS}
     cpu = {
         name: statistics.median(
             r[name]["paced"].get("cpu_ms_per_stream", float("nan")) for r in rounds
         )
-        for name in urls
+        for name in LEGS
     }
+    gateway, bare, null = added("gateway"), added("bare_proxy"), added("direct_null")
     return {
+        "loadgen_loop": _loop_name(),
         "paced_cpu_ms_per_stream": cpu,
-        "bare_proxy_rps": bare_rps,
-        "bare_proxy_ratio": bare_rps / direct_rps,
-        "bare_proxy_added_ttft_p50_ms": med("bare_proxy", "ttft_p50_ms")
-        - med("direct", "ttft_p50_ms"),
-        "bare_proxy_added_ttft_p99_ms": med("bare_proxy", "ttft_p99_ms")
-        - med("direct", "ttft_p99_ms"),
-        "bare_proxy_added_itl_p99_ms": med("bare_proxy", "itl_p99_ms")
-        - med("direct", "itl_p99_ms"),
+        "loadgen_cpu_share": {name: med(name, "loadgen_cpu_share") for name in LEGS},
+        "null_control": null,
+        "bare_proxy": bare,
+        "bare_proxy_rps": rps["bare_proxy"],
+        "bare_proxy_ratio": bare["rps_ratio"],
+        "bare_proxy_added_ttft_p50_ms": bare["added_ttft_p50_ms"],
+        "bare_proxy_added_ttft_p99_ms": bare["added_ttft_p99_ms"],
+        "bare_proxy_added_itl_p99_ms": bare["added_itl_p99_ms"],
         "rounds": rounds,
-        "added_ttft_p50_ms": med("gateway", "ttft_p50_ms") - med("direct", "ttft_p50_ms"),
-        "added_ttft_p99_ms": med("gateway", "ttft_p99_ms") - med("direct", "ttft_p99_ms"),
-        "added_itl_p99_ms": med("gateway", "itl_p99_ms") - med("direct", "itl_p99_ms"),
-        "direct_rps": direct_rps,
-        "gateway_rps": gateway_rps,
-        "saturation_ratio": gateway_rps / direct_rps,
+        "added_ttft_p50_ms": gateway["added_ttft_p50_ms"],
+        "added_ttft_p99_ms": gateway["added_ttft_p99_ms"],
+        "added_itl_p99_ms": gateway["added_itl_p99_ms"],
+        "direct_rps": rps["direct"],
+        "gateway_rps": rps["gateway"],
+        "saturation_ratio": gateway["rps_ratio"],
     }
+
+
+def _figures(label: str, fig: dict[str, float]) -> str:
+    return (
+        f"{label}: added TTFT p50/p99 {fig['added_ttft_p50_ms']:.2f}/"
+        f"{fig['added_ttft_p99_ms']:.2f} ms, added ITL p99 {fig['added_itl_p99_ms']:.2f} ms, "
+        f"saturation ratio {fig['rps_ratio']:.2f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -382,12 +474,23 @@ def main(argv: list[str] | None = None) -> int:
         "--event-loop", default="auto", choices=["auto", "uvloop", "asyncio"],
         help="the gateway process's settings.event_loop",
     )  # fmt: skip
+    p.add_argument(
+        "--harness-loop", default="asyncio", choices=["auto", "uvloop", "asyncio"],
+        help="event loop of the load generator, the canned upstream and the bare proxy "
+        "(asyncio: the setup the saturation target was set with; a uvloop harness makes the "
+        "direct leg faster, a stricter saturation ratio)",
+    )  # fmt: skip
+    p.add_argument(
+        "--pin", default="auto", choices=["auto", "off"],
+        help="auto: harness and serving process on separate halves of the CPUs (>= 2 CPUs)",
+    )  # fmt: skip
+    p.add_argument("--out", type=Path, default=OUT, help="JSON result file")
     args = p.parse_args(argv)
     if args.mode == "upstream":
-        asyncio.run(_upstream_main())
+        _run(_upstream_main(), args.harness_loop)
         return 0
     if args.mode == "bare-proxy":
-        asyncio.run(_bare_proxy_main(args.upstream))
+        _run(_bare_proxy_main(args.upstream), args.harness_loop)
         return 0
     if args.quick:
         args.rounds, args.streams, args.tokens, args.seconds = 1, 50, 10, 1
@@ -400,35 +503,57 @@ def main(argv: list[str] | None = None) -> int:
         f"{single['added_ttft_p50_ms']:.2f} ms, p99 {single['added_ttft_p99_ms']:.2f} ms, "
         f"added ITL p99 {single['added_itl_p99_ms']:.2f} ms"
     )
-    upstream, up_port = _spawn(["-m", "bench.gateway", "upstream"], "json")
+    place = placement(args.pin)
+    # This process is the load generator; the upstream inherits its CPUs.
+    loadgen_cpus = _pin(os.getpid(), place["harness"])
+    loop_arg = ["--harness-loop", args.harness_loop]
+    upstream, up = _spawn(["-m", "bench.gateway", "upstream", *loop_arg], "json")
+    up_url = f"http://127.0.0.1:{up['port']}"
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "snapshot.json"
-        config.write_text(json.dumps(_snapshot(f"http://127.0.0.1:{up_port}")))
+        config.write_text(json.dumps(_snapshot(up_url)))
         settings = Path(tmp) / "settings.yaml"
         settings.write_text(
             f"scrape_interval_s: 0\nstate_dir: {tmp}\nevent_loop: {args.event_loop}\n"
         )
-        bare, bare_port = _spawn(
-            ["-m", "bench.gateway", "bare-proxy", "--upstream", f"http://127.0.0.1:{up_port}"],
-            "json",
+        bare, bare_ready = _spawn(
+            ["-m", "bench.gateway", "bare-proxy", "--upstream", up_url, *loop_arg], "json"
         )
-        gateway, gw_port = _spawn(
+        gateway, gw_ready = _spawn(
             ["-m", "pdbridge.cli", "gateway", "--config", str(config), "--settings", str(settings),
              "--insecure", "--port", "0", "--log-level", "WARNING"],
             "text",
         )  # fmt: skip
+        place["processes"] = {
+            "loadgen": loadgen_cpus,
+            "upstream": _pin(upstream.pid, place["harness"]),
+            "bare_proxy": _pin(bare.pid, place["serving"]),
+            "gateway": _pin(gateway.pid, place["serving"]),
+        }
+        place["saturation"] = "not pinned"
+        sides = {os.getpid(): "harness", upstream.pid: "harness", bare.pid: "serving",
+                 gateway.pid: "serving"}  # fmt: skip
+
+        def pin(paced: bool) -> None:
+            for pid, side in sides.items():
+                _pin(pid, place[side] if paced else place["cpus"])
+
         try:
-            overhead = asyncio.run(
+            overhead = _run(
                 _overhead(
                     args,
                     {
-                        "direct": f"http://127.0.0.1:{up_port}",
-                        "bare_proxy": f"http://127.0.0.1:{bare_port}",
-                        "gateway": f"http://127.0.0.1:{gw_port}",
+                        "direct": up_url,
+                        "direct_null": up_url,
+                        "bare_proxy": f"http://127.0.0.1:{bare_ready['port']}",
+                        "gateway": f"http://127.0.0.1:{gw_ready['port']}",
                     },
-                    {"direct": upstream.pid, "bare_proxy": bare.pid, "gateway": gateway.pid},
-                )
-            )
+                    {"direct": upstream.pid, "direct_null": upstream.pid, "bare_proxy": bare.pid,
+                     "gateway": gateway.pid},
+                    pin,
+                ),
+                args.harness_loop,
+            )  # fmt: skip
         finally:
             for proc in (gateway, bare, upstream):
                 proc.terminate()
@@ -444,14 +569,21 @@ def main(argv: list[str] | None = None) -> int:
             "added_itl_p99_ms": 5,
             "saturation_ratio": 0.8,
         },
-        # The gateway process's loop (settings.event_loop: auto); the bare proxy runs asyncio's.
+        # The gateway process's loop (settings.event_loop: auto).
         "gateway_event_loop": (
             "uvloop"
             if args.event_loop != "asyncio" and importlib.util.find_spec("uvloop")
             else "asyncio"
         ),
-        "settings": {k: v for k, v in vars(args).items() if k != "mode"},
+        "event_loops": {
+            "loadgen": overhead.pop("loadgen_loop"),
+            "upstream": up["loop"],
+            "bare_proxy": bare_ready["loop"],
+        },
+        "placement": place,
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "cpus": os.cpu_count(),
+        "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
     }
     checks = {
         "decisions_per_s": rate >= 20_000,
@@ -468,21 +600,26 @@ def main(argv: list[str] | None = None) -> int:
         f"{overhead['gateway_rps']:.0f} req/s, ratio {overhead['saturation_ratio']:.2f}  "
         f"{'ok' if checks['saturation_ratio'] else 'UNDER TARGET'}"
     )
-    print(
-        f"reference, bare aiohttp proxy in the same run: ratio {overhead['bare_proxy_ratio']:.2f}, "
-        f"added TTFT p50/p99 {overhead['bare_proxy_added_ttft_p50_ms']:.2f}/"
-        f"{overhead['bare_proxy_added_ttft_p99_ms']:.2f} ms, added ITL p99 "
-        f"{overhead['bare_proxy_added_itl_p99_ms']:.2f} ms"
-    )
+    print(_figures("reference, bare aiohttp proxy in the same run", overhead["bare_proxy"]))
+    print(_figures("null control, direct against direct again", overhead["null_control"]))
     cpu = overhead["paced_cpu_ms_per_stream"]
     print(
         f"paced CPU per stream: upstream {cpu['direct']:.2f} ms, bare proxy "
-        f"{cpu['bare_proxy']:.2f} ms, gateway {cpu['gateway']:.2f} ms"
+        f"{cpu['bare_proxy']:.2f} ms, gateway {cpu['gateway']:.2f} ms; load generator CPU "
+        f"share (direct leg) {overhead['loadgen_cpu_share']['direct']:.2f}"
     )
-    print(f"gateway event loop: {result['gateway_event_loop']} (bare proxy: asyncio)")
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=2))
-    print(f"written {OUT}")
+    print(
+        f"event loops: gateway {result['gateway_event_loop']}, bare proxy "
+        f"{bare_ready['loop']}, upstream {up['loop']}; placement: "
+        + (
+            f"harness on CPUs {place['harness']}, serving process on CPUs {place['serving']}"
+            if place["pinned"]
+            else "not pinned"
+        )
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"written {args.out}")
     return 0
 
 

@@ -454,6 +454,14 @@ class Gateway:
             self.router.end(prefill.url, site)
             if not success:
                 decode_task.cancel()
+                if (
+                    decode_task.done()
+                    and not decode_task.cancelled()
+                    and not decode_task.exception()
+                ):
+                    # The decode leg had answered but the request falls back (or was refused):
+                    # close that answer, which aborts the engine's work and its deadline.
+                    decode_task.result()[0].close()
             if not prefill_task.done():
                 prefill_task.cancel()
             latency = prefill_s if prefill_s is not None else time.monotonic() - started

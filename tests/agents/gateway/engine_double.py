@@ -55,6 +55,9 @@ class EngineDouble:
         self.token_delay_s = 0.0
         self.drop_kv = False
         self.die_after_events: int | None = None
+        # Pass-through tests: a stream stops after this many events until ``release`` is set.
+        self.hold_after_events: int | None = None
+        self.release = asyncio.Event()
         self.max_prompt_chars = 30_000
         self.waiting = 0
         self.requests: list[dict[str, Any]] = []
@@ -173,12 +176,16 @@ class EngineDouble:
                 assert request.transport is not None
                 request.transport.abort()
                 return response
+            if self.hold_after_events is not None and i == self.hold_after_events:
+                await self.release.wait()
             delta = {"delta": {"content": word}} if chat else {"text": word}
             event = {"id": "cmpl-1", "object": obj + ".chunk", "created": created,
                      "model": body["model"], "choices": [{"index": 0, **delta, "finish_reason": None}]}  # fmt: skip
             await response.write(f"data: {json.dumps(event)}\n\n".encode())
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
+        if self.hold_after_events == len(words):
+            await self.release.wait()
         if (body.get("stream_options") or {}).get("include_usage"):
             usage = {"id": "cmpl-1", "object": obj + ".chunk", "created": created, "model": body["model"],
                      "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}}  # fmt: skip

@@ -1,12 +1,14 @@
 """HTTP behaviour of the gateway against engine test doubles on loopback."""
 
 import asyncio
+import dataclasses
 import json
+import time
 
 import aiohttp
 import pytest
 
-from tests.agents.gateway.harness import LONG, completion, gateway_env, sse_text
+from tests.agents.gateway.harness import FAST, LONG, completion, gateway_env, sse_text
 
 
 def run(coro):
@@ -390,6 +392,55 @@ def test_client_disconnect_while_waiting_for_kv_cancels_both_legs():
     assert run(scenario()) == (1, 1)
 
 
+def test_stream_chunks_reach_the_client_while_the_upstream_holds_the_rest():
+    """Pass-through, never buffered: the events sent so far arrive while the engine waits
+    (also the first one alone, and the last one before the stream's end)."""
+
+    async def read_events(response, n):
+        seen = b""
+        while seen.count(b"data: ") < n:
+            seen += await asyncio.wait_for(response.content.readany(), 5)
+        return seen
+
+    async def scenario():
+        async with gateway_env() as env:
+            env.decode.hold_after_events = 3
+            env.decode.token_delay_s = 0.02  # events leave the engine one by one
+            body = completion("hi", stream=True, max_tokens=6)
+            async with env.client.post(env.url + "/v1/completions", json=body) as response:
+                before = await read_events(response, 3)
+                upstream_still_open = env.decode.active
+                env.decode.release.set()
+                rest = await response.read()
+            return before, upstream_still_open, rest
+
+    before, upstream_still_open, rest = run(scenario())
+
+    assert before.count(b"data: ") == 3
+    assert upstream_still_open == 1
+    assert rest.count(b"data: {") == 3
+    assert rest.endswith(b"data: [DONE]\n\n")
+
+
+def test_engine_holding_the_end_of_a_stream_does_not_hold_its_last_event():
+    async def scenario():
+        async with gateway_env() as env:
+            env.decode.hold_after_events = 4  # after the last token event, before [DONE]
+            env.decode.token_delay_s = 0.02
+            body = completion("hi", stream=True, max_tokens=4)
+            async with env.client.post(env.url + "/v1/completions", json=body) as response:
+                seen = b""
+                while seen.count(b"data: {") < 4:
+                    seen += await asyncio.wait_for(response.content.readany(), 5)
+                env.decode.release.set()
+                return seen + await response.read()
+
+    body = run(scenario())
+
+    assert [e for e in body.decode().split("\n\n") if e][-1] == "data: [DONE]"
+    assert body.count(b"data: {") == 4
+
+
 def test_error_after_first_byte_is_an_sse_error_event():
     async def scenario():
         async with gateway_env() as env:
@@ -435,6 +486,37 @@ def test_local_engine_error_is_relayed_as_4xx_or_502():
     assert json.loads(server_error[2])["error"]["type"] == "upstream_error"
     assert client_error[0] == 400
     assert json.loads(client_error[2])["error"]["message"] == "injected failure"
+
+
+def test_leg_past_request_timeout_ends_with_an_error_event_or_502():
+    """request_timeout_s bounds the whole local leg: mid-stream it becomes an SSE error event,
+    before the headers a 502 naming the timeout; the engine's work is aborted both times."""
+    settings = dataclasses.replace(FAST, request_timeout_s=0.6)
+
+    async def scenario():
+        async with gateway_env(settings) as env:
+            env.decode.token_delay_s = 0.2  # 10 tokens: 2 s, past the 0.6 s bound
+            started = time.monotonic()
+            streamed = await env.post(completion("hi", stream=True, max_tokens=10))
+            streamed_s = time.monotonic() - started
+            whole = await env.post(completion("hi", max_tokens=10))
+            await asyncio.sleep(0.1)
+            return streamed, streamed_s, whole, env.decode.cancelled, await env.metrics()
+
+    (status, headers, body), streamed_s, whole, cancelled, metrics = run(scenario())
+
+    assert (status, headers["x-pdbridge-path"]) == (200, "local")
+    events = [e for e in body.decode().split("\n\n") if e]
+    assert 1 <= len(events) - 1 <= 4
+    assert json.loads(events[-1][6:])["error"] == {
+        "message": "upstream failed: TimeoutError", "type": "upstream_error", "param": None,
+        "code": "upstream_error",
+    }  # fmt: skip
+    assert streamed_s < 1.5
+    assert whole[0] == 502
+    assert json.loads(whole[2])["error"]["message"] == "the decode engine failed: timeout"
+    assert cancelled == 2
+    assert 'pdbridge_gateway_requests_total{outcome="upstream_error",path="local"} 2.0' in metrics
 
 
 def test_metrics_exported_with_prefix():
