@@ -19,6 +19,7 @@ from pathlib import Path
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
+from kombu.transport import TRANSPORT_ALIASES
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("PDBRIDGE_VAR_DIR", BASE_DIR / "var"))
@@ -120,6 +121,9 @@ if REDIS_URL and not REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
 # Celery: Redis in production; the embedded default uses kombu's filesystem transport, which
 # needs no server (see docs/configuration.md).
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or (REDIS_URL or "filesystem://")
+# kombu's own filesystem transport can hand a consumer a half-written message (the worker dies
+# on it); orchestrator.fsbroker writes each message whole, then renames it into place.
+TRANSPORT_ALIASES["filesystem"] = "orchestrator.fsbroker:Transport"
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL == "filesystem://":
     _broker_dir = VAR_DIR / "celery" / "broker"
