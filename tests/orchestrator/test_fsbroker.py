@@ -44,6 +44,8 @@ def test_a_consumer_racing_the_producer_gets_every_message_whole(tmp_path):
         except BaseException as exc:  # reported to the test thread
             errors.append(exc)
 
+    with Connection(transport=Transport, transport_options=options) as conn:
+        conn.SimpleQueue("race").close()  # declared once, before either side runs
     consumer = threading.Thread(target=consume)
     consumer.start()
     with Connection(transport=Transport, transport_options=options) as conn:
@@ -55,3 +57,35 @@ def test_a_consumer_racing_the_producer_gets_every_message_whole(tmp_path):
     assert errors == []
     assert sorted(received) == list(range(count))
     assert not [p.name for p in folder.iterdir() if p.name.endswith(".part")]
+
+
+def test_a_publisher_reading_an_exchange_while_it_is_first_bound_never_sees_a_torn_table(
+    tmp_path,
+):
+    options = {"data_folder_in": str(tmp_path), "control_folder": str(tmp_path / "control")}
+    errors: list[BaseException] = []
+    with Connection(transport=Transport, transport_options=options) as conn:
+        binder, reader = conn.channel(), conn.channel()
+        for round_ in range(200):
+            exchange = f"ex{round_}"
+            bound = threading.Event()
+
+            def bind(exchange: str = exchange, bound: threading.Event = bound) -> None:
+                try:
+                    binder._queue_bind(exchange, "rk", None, "q")
+                except BaseException as exc:
+                    errors.append(exc)
+                finally:
+                    bound.set()
+
+            thread = threading.Thread(target=bind)
+            thread.start()
+            try:
+                while not bound.is_set():
+                    reader.get_table(exchange)
+                assert [q.queue for q in reader.get_table(exchange)] == ["q"]
+            except BaseException as exc:
+                errors.append(exc)
+            thread.join(10)
+
+    assert errors == []
