@@ -166,13 +166,10 @@ class GrpcSender(KvSender):
     def _call(self, coro: Awaitable[T]) -> T:
         try:
             return asyncio.run_coroutine_threadsafe(coro, self._loop).result()  # type: ignore[arg-type]
-        except (kv.TransferError, kv.TransferFailed) as exc:
-            raise _map_error(exc) from exc
         except ValueError as exc:
             raise TransferRejected(f"kv_destination: {exc}") from exc
         except Exception as exc:
-            # grpc_kv should classify every failure; anything else still must not become a 500.
-            raise TransferLinkError(f"{type(exc).__name__}: {exc}") from exc
+            raise _engine_error(exc) from exc
 
     def send(self, name: str, data: bytes, offset: int, final: bool) -> None:
         self._call(self._tx.send_layer(name, data, offset, final))
@@ -181,21 +178,19 @@ class GrpcSender(KvSender):
         try:
             summary = await self._tx.finish()
         except BaseException as exc:
-            # Cancelled (the caller went away) or failed: the link's connections must close
-            # here, or every such transfer leaves its TCP connections open for good.
+            # Cancelled (the caller went away) or failed: the transfer must still be left and
+            # its link handed back, or its streams and their connections stay behind.
             try:
                 await self._leave(exc)
             except Exception as close_exc:  # never mask the cause
                 log.warning("kv_close_failed", extra={"error": repr(close_exc)})
-            if isinstance(exc, (kv.TransferError, kv.TransferFailed)):
-                raise _map_error(exc) from exc
             if isinstance(exc, Exception):
-                raise TransferLinkError(f"{type(exc).__name__}: {exc}") from exc
+                raise _engine_error(exc) from exc
             raise
         try:
             await self._leave(None)
         except Exception as exc:
-            raise TransferLinkError(f"{type(exc).__name__}: {exc}") from exc
+            raise _engine_error(exc) from exc
         return TransferSummary(
             transfer_id=self._tx.header.transfer_id,
             segments=len(self._tx.header.layers),
@@ -232,6 +227,14 @@ class GrpcSender(KvSender):
                 await asyncio.shield(self._cm.__aexit__(type(exc), exc, exc.__traceback__))
         finally:
             await asyncio.shield(self._pool.release(self._link))
+
+
+def _engine_error(exc: Exception) -> TransferError:
+    """A grpc_kv failure as the engine's transport error; grpc_kv should classify every
+    failure, anything else still must not become a 500."""
+    if isinstance(exc, (kv.TransferError, kv.TransferFailed)):
+        return _map_error(exc)
+    return TransferLinkError(f"{type(exc).__name__}: {exc}")
 
 
 def _map_error(exc: BaseException) -> TransferError:
