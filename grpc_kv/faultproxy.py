@@ -64,9 +64,20 @@ class Latency(Toxic):
 
 @dataclass
 class Bandwidth(Toxic):
-    """Limit throughput to ``bytes_per_s`` per connection and direction."""
+    """Limit throughput to ``bytes_per_s`` per direction, shared by all connections (a WAN's
+    capacity: N parallel streams split it rather than getting N times it)."""
 
     bytes_per_s: float = 0.0
+    # When each direction's pipe is free again (monotonic seconds): a virtual clock shared by
+    # every connection's writer, so their pieces go out one after another at the rate.
+    _free_at: dict[str, float] = field(default_factory=dict, repr=False, compare=False)
+
+    def reserve(self, direction: str, size: int) -> float:
+        """Book ``size`` bytes on ``direction``; returns the seconds to wait before sending."""
+        now = time.monotonic()
+        free_at = max(self._free_at.get(direction, now), now) + size / self.bytes_per_s
+        self._free_at[direction] = free_at
+        return free_at - now
 
 
 @dataclass
@@ -368,7 +379,6 @@ class FaultProxy:
         writer: asyncio.StreamWriter,
         direction: str,
     ) -> None:
-        tokens_at = time.monotonic()
         try:
             while (item := await queue.get()) is not None:
                 due, data = item
@@ -378,17 +388,18 @@ class FaultProxy:
                 for piece in self._slices(data, direction):
                     if self.mode == "blackhole":
                         break
-                    rate = min(
+                    narrowest = min(
                         (
-                            t.bytes_per_s
+                            t
                             for t in self._active(direction)
-                            if isinstance(t, Bandwidth)
+                            if isinstance(t, Bandwidth) and t.bytes_per_s > 0
                         ),
-                        default=0.0,
+                        key=lambda t: t.bytes_per_s,
+                        default=None,
                     )
-                    if rate > 0:
-                        tokens_at = max(tokens_at, time.monotonic()) + len(piece) / rate
-                        await asyncio.sleep(max(tokens_at - time.monotonic(), 0))
+                    if narrowest is not None:
+                        # Written after the wait, so the send buffer never runs ahead of it.
+                        await asyncio.sleep(narrowest.reserve(direction, len(piece)))
                     writer.write(piece)
                     await writer.drain()
                     if direction == "upstream":

@@ -48,6 +48,7 @@ _ORCHESTRATOR_KEYS = {
     "kv_host",
     "kv_listen",
     "kv_link_port",
+    "kv_link_wan_port",
     "gateway_port",
     "kv_tls",
     "kv_insecure",
@@ -131,6 +132,17 @@ class Target:
     @property
     def kv_link_address(self) -> str:
         return f"{self.host}:{_port(self.settings, 'kv_link_port', DEFAULT_KV_LINK_PORT)}"
+
+    @property
+    def kv_link_wan_address(self) -> str:
+        """What prefill sites dial to probe this decode node's kv-link across the WAN: like
+        :attr:`kv_address`, ``kv_host`` with ``kv_link_wan_port`` when a proxy or NAT sits in
+        front of the kv-link, else the kv-link itself. The probe must take the path the KV
+        takes, or step 2 measures a link the KV never uses."""
+        if "kv_link_wan_port" not in self.settings:
+            return self.kv_link_address
+        host = self.settings.get("kv_host") or self.host
+        return f"{host}:{_port(self.settings, 'kv_link_wan_port', DEFAULT_KV_LINK_PORT)}"
 
     @property
     def gateway_port(self) -> int:

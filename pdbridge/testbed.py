@@ -408,20 +408,29 @@ def bring_up(
     check_stop()
 
     ports = Ports.choose(pinned_port, args.gateway_port)
-    shaper = [py, "-m", "pdbridge.cli", "kv", "proxy", "--listen", f"127.0.0.1:{ports.kv_shaped}",
-              "--upstream", f"{layout.binds['local']}:{ports.kv_receiver}",
-              "--latency-ms", str(args.wan_latency_ms)]  # fmt: skip
+
+    def shaper(listen: str, upstream_port: int) -> list[str]:
+        command = [py, "-m", "pdbridge.cli", "kv", "proxy", "--listen", listen, "--upstream",
+                   f"{layout.binds['local']}:{upstream_port}", "--latency-ms", str(args.wan_latency_ms)]  # fmt: skip
+        # On loopback the shaper is the WAN's bandwidth too; in namespaces the tbf on the veth is.
+        return command + (["--bandwidth-mbit", str(args.wan_mbit)] if sites is None else [])
+
     if sites is None:
         _say(
             f"WAN: {args.wan_mbit} Mbit/s, {args.wan_latency_ms} ms (shaping proxy on the KV path)"
         )
-        shaper += ["--bandwidth-mbit", str(args.wan_mbit)]
     else:
         # Bandwidth is the tbf on the WAN veth; the shaper (in the remote site, in front of the
         # veth) adds the latency the kernel cannot (no netem).
         _say(f"WAN: {args.wan_latency_ms} ms from the shaping proxy on the KV path, in front "
              f"of the {args.wan_mbit} Mbit/s veth")  # fmt: skip
-    groups.start("wan-shaper", wrap("remote", shaper))
+    groups.start(
+        "wan-shaper", wrap("remote", shaper(f"127.0.0.1:{ports.kv_shaped}", ports.kv_receiver))
+    )
+    # The same WAN in front of the kv-link, for step 2's probe (its own proxy: the KV path's
+    # fault proxy is the drills' and stays on the engines' path only).
+    probe_listen = f"{layout.binds['remote']}:{ports.kv_link_wan}"
+    groups.start("wan-shaper-probe", wrap("remote", shaper(probe_listen, ports.kv_link)))
 
     rows = register(model, ports, pki, args.wan_mbit, layout, model_weights_sha256(model))
     addresses: dict[str, str] = {}

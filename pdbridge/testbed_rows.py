@@ -96,6 +96,9 @@ class Ports:
     kv_shaped: int  # the WAN shaping proxy, in front of the receiver
     kv_wan: int  # the remote agent's fault proxy, in front of the shaper: prefill dials this
     kv_link: int
+    # A second shaping proxy, in front of the kv-link: step 2's probe crosses the same
+    # emulated WAN as the KV (prefill sites dial ``kv_host:kv_link_wan``).
+    kv_link_wan: int
     gateway: int
 
     @classmethod
@@ -103,7 +106,7 @@ class Ports:
         from pdbridge.procgroup import port_is_free
 
         gateway_port = gateway if gateway and port_is_free(gateway) else pick()
-        return cls(pick(), pick(), pick(), pick(), pick(), pick(), gateway_port)
+        return cls(pick(), pick(), pick(), pick(), pick(), pick(), pick(), gateway_port)
 
 
 @dataclass(frozen=True)
@@ -200,7 +203,8 @@ def register(
         engine_settings={**common, "host": layout.binds["local"], "port": ports.decode,
                          "kv_port": ports.kv_wan, **kv_host,
                          "kv_listen": f"{layout.binds['local']}:{ports.kv_receiver}",
-                         "kv_link_port": ports.kv_link, "gateway_port": ports.gateway},
+                         "kv_link_port": ports.kv_link, "kv_link_wan_port": ports.kv_link_wan,
+                         "gateway_port": ports.gateway},
     )  # fmt: skip
     pool_create(
         actor=None, deployment=dep, role="prefill", site=remote, nodes=[nodes["remote"]],

@@ -58,11 +58,25 @@ def marked_processes(mark: str) -> list[int]:
     return found
 
 
+def probe_evidence(ready: dict, db: sqlite3.Connection) -> dict:
+    """Step 2's first probe, as recorded in the run's evidence."""
+    return json.loads(
+        db.execute(
+            "SELECT evidence FROM runs_steprun WHERE run_id = ? AND name = 'wan_baseline'",
+            (ready["deploy_run"],),
+        ).fetchone()[0]
+    )["probes"][0]
+
+
 def test_make_run_reaches_full_share_serves_remote_and_shuts_down_clean(tmp_path):
-    ready, _ = smoke(tmp_path, [])
+    seen: dict[str, dict] = {}
+    ready, _ = smoke(tmp_path, [], lambda ready, db: seen.update(probe=probe_evidence(ready, db)))
 
     assert ready["namespaces"] == []
     assert ready["gateway_url"].startswith("https://localhost:")
+    # The WAN probe crossed the shaping proxy (200 Mbit/s by default), as the KV does: on
+    # loopback alone it would measure hundreds of Mbit/s more than the link has.
+    assert 0 < seen["probe"]["mbit_s"] <= 220, seen["probe"]
 
 
 def namespaces() -> set[str]:
@@ -91,12 +105,7 @@ def test_make_run_netns_runs_the_sites_in_namespaces_and_removes_them(tmp_path):
         seen["own_ns"] = {net_namespace(int(p)) for ps in pids.values() for p in ps} & {
             net_namespace(os.getpid())
         }
-        seen["probe"] = json.loads(
-            db.execute(
-                "SELECT evidence FROM runs_steprun WHERE run_id = ? AND name = 'wan_baseline'",
-                (ready["deploy_run"],),
-            ).fetchone()[0]
-        )["probes"][0]
+        seen["probe"] = probe_evidence(ready, db)
 
     ready, output = smoke(tmp_path, ["--netns", "--wan-mbit", "100"], while_up)
 
@@ -110,10 +119,11 @@ def test_make_run_netns_runs_the_sites_in_namespaces_and_removes_them(tmp_path):
     assert ready["gateway_url"].startswith(f"https://{local_ip}:")
     assert not local_ip.startswith("127.")
     assert not remote_ip.startswith("127.")
-    # The WAN probe (remote agent -> local kv-link) crossed the tbf-shaped veth.
+    # The WAN probe (remote agent -> the shaper in its own site -> the local kv-link) crossed
+    # the tbf-shaped veth.
     probe = seen["probe"]
     assert probe["from"] == remote_ip
-    assert probe["to"].startswith(f"{local_ip}:")
+    assert probe["to"].startswith(f"{remote_ip}:")
     assert 0 < probe["mbit_s"] <= 110
     assert f"removed namespaces {local_ns}, {remote_ns}" in output
     assert not {local_ns, remote_ns} & namespaces()

@@ -114,7 +114,7 @@ def wan_baseline(ctx: StepContext) -> StepResult:
     seconds = float(ctx.params.get("probe_seconds", 2.0))
     probes = []
     for target in agentops.targets(config, "prefill"):
-        result = agentops.probe(target, decode.site, decode.kv_link_address, seconds)
+        result = agentops.probe(target, decode.site, decode.kv_link_wan_address, seconds)
         result["from_site"] = target.site
         probes.append(result)
         link = Link.objects.filter(from_site__name=target.site, to_site__name=decode.site).first()

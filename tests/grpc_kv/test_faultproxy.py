@@ -115,6 +115,19 @@ def test_bandwidth_limits_throughput():
     assert run(with_proxy(body)) >= 0.4
 
 
+def test_bandwidth_is_shared_by_parallel_connections():
+    """A WAN's capacity: four streams at once split the rate (each alone would take 0.2 s;
+    with a per-connection limit the four would also finish in about 0.2 s)."""
+
+    async def body(proxy, port):
+        proxy.add(Bandwidth(direction="upstream", bytes_per_s=1_000_000))
+        start = time.monotonic()
+        await asyncio.gather(*(roundtrip(port, bytes(200_000)) for _ in range(4)))
+        return time.monotonic() - start
+
+    assert run(with_proxy(body)) >= 0.7
+
+
 def test_close_after_n_bytes_cuts_the_connection():
     async def body(proxy, port):
         proxy.add(CloseAfter(direction="upstream", bytes=100))

@@ -280,6 +280,15 @@ def test_pools_become_launch_settings_with_tls_and_kv_addresses():
          "kv_insecure": True, "http_insecure": True},
     )  # fmt: skip
     assert (relayed.engine_url, relayed.kv_address) == ("http://dec-1:9000", "10.64.0.3:9100")
+    # Step 2 probes the kv-link where the KV goes: through the relay when it fronts the kv-link
+    # too (``kv_link_wan_port``), else the kv-link itself.
+    assert relayed.kv_link_wan_address == relayed.kv_link_address == "dec-1:7101"
+    relayed.settings["kv_link_wan_port"] = 9101
+    assert relayed.kv_link_wan_address == "10.64.0.3:9101"
+    relayed.settings["kv_link_wan_port"] = "9101"
+    with pytest.raises(agentops.AgentOpsError, match=r"engine_settings\.kv_link_wan_port"):
+        relayed.kv_link_wan_address
+    del relayed.settings["kv_link_wan_port"]
     _, relayed_launch = agentops.engine_launch_settings(relayed, config)
     assert relayed_launch["extra_args"][-2:] == ["--kv-insecure", "--insecure"]
     assert "kv_host" not in relayed_launch["kv_connector_extra_config"]
