@@ -287,7 +287,7 @@ def test_pools_become_launch_settings_with_tls_and_kv_addresses():
     assert relayed.kv_link_wan_address == "10.64.0.3:9101"
     relayed.settings["kv_link_wan_port"] = "9101"
     with pytest.raises(agentops.AgentOpsError, match=r"engine_settings\.kv_link_wan_port"):
-        relayed.kv_link_wan_address
+        _ = relayed.kv_link_wan_address
     del relayed.settings["kv_link_wan_port"]
     _, relayed_launch = agentops.engine_launch_settings(relayed, config)
     assert relayed_launch["extra_args"][-2:] == ["--kv-insecure", "--insecure"]
