@@ -276,6 +276,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--var-dir", default="var/soak")
     parser.add_argument("--report", default="", help="default: VAR_DIR/report.json")
     parser.add_argument("--start-timeout", type=float, default=1200.0)
+    parser.add_argument(
+        "--netns", action="store_true", help="the testbed's sites in network namespaces (root)"
+    )
     args = parser.parse_args(argv)
     if args.duration_s <= 0:
         parser.error("--duration-s: must be positive")
@@ -291,7 +294,7 @@ def main(argv: list[str]) -> int:
         testbed = subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
             [sys.executable, "-m", "pdbridge.cli", "run", "--port", "0", "--gateway-port", "0",
              "--model", args.model, "--var-dir", str(out_dir / "testbed"),
-             "--ready-file", str(out_dir / "ready.json")],
+             "--ready-file", str(out_dir / "ready.json"), *(["--netns"] if args.netns else [])],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     try:
