@@ -49,10 +49,11 @@ def _print_reference() -> None:
 
 async def serve(config_path: str | None) -> int:
     from agents.grpc_api import start_server
-    from agents.service import AgentService
+    from agents.service import AgentService, StartupError
 
     try:
         config = load_config(config_path)
+        service = AgentService(config)  # reads console.token_file
     except ConfigError as exc:
         print(f"pdbridge agent: config error: {exc}", file=sys.stderr)
         return 2
@@ -60,8 +61,13 @@ async def serve(config_path: str | None) -> int:
         log.warning(
             "agent.insecure", extra={"listen": config.listen, "detail": "plaintext, no allowlist"}
         )
-    service = AgentService(config)
-    await service.start()
+    try:
+        await service.start()
+    except StartupError as exc:
+        # Undo what did start (journalled faults restored, sessions closed) before exiting.
+        await service.shutdown()
+        print(f"pdbridge agent: cannot start: {exc}", file=sys.stderr)
+        return 1
     try:
         server, port = await start_server(service)
     except (RuntimeError, OSError) as exc:

@@ -89,6 +89,11 @@ def detect_accelerators() -> list[dict[str, Any]]:
     return parse_nvidia_smi(out)
 
 
+class StartupError(RuntimeError):
+    """The agent cannot start with this config (a port taken, a directory unusable); the
+    message starts with the config key."""
+
+
 class AgentService:
     """One node agent. Construct, ``await start()``, serve, ``await shutdown()``."""
 
@@ -139,12 +144,25 @@ class AgentService:
     # ---- life cycle ------------------------------------------------------------------
     async def start(self) -> None:
         """Clean up after a previous agent (leftover child groups, journalled faults), then
-        start the heartbeat loop and the metrics endpoint."""
-        (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        start the heartbeat loop and the metrics endpoint.
+
+        Raises :class:`StartupError` naming the config key when a resource it names cannot be
+        used (state_dir not writable, a listen address taken); the daemon prints it and exits
+        instead of dying with a traceback.
+        """
+        try:
+            (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StartupError(f"state_dir: cannot use {str(self.state_dir)!r}: {exc}") from exc
         procs.reap_recorded_groups(self.groups.path)
         for site, proxy_config in self.config.faults.proxies.items():
             proxy = FaultProxy(upstream=proxy_config.upstream, listen=proxy_config.listen)
-            await proxy.start()
+            try:
+                await proxy.start()
+            except OSError as exc:
+                raise StartupError(
+                    f"faults.proxies.{site}.listen: cannot listen on {proxy_config.listen}: {exc}"
+                ) from exc
             self.proxies[site] = proxy
         self.weights.report(self.config.models, {})  # queue the held models' hashes now
         restored = await self.faults.start()
@@ -165,7 +183,12 @@ class AgentService:
             self._runner = web.AppRunner(app, access_log=None)
             await self._runner.setup()
             tcp_site = web.TCPSite(self._runner, host, port)
-            await tcp_site.start()
+            try:
+                await tcp_site.start()
+            except OSError as exc:
+                raise StartupError(
+                    f"metrics_listen: cannot listen on {self.config.metrics_listen}: {exc}"
+                ) from exc
             server = tcp_site._server
             sockets = getattr(server, "sockets", None) or []
             self.metrics_port = sockets[0].getsockname()[1] if sockets else port
@@ -189,6 +212,8 @@ class AgentService:
                 await self._heartbeat
         if self._runner is not None:
             await self._runner.cleanup()
+        for proxy in self.proxies.values():
+            await proxy.stop()
         await self.console.close()
         if self._http is not None:
             await self._http.close()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -106,6 +107,53 @@ def test_config_error_names_the_key(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "config error: supervision.crash_loop_limit: expected a number" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "code", "message"),
+    [
+        (
+            "metrics_listen: 127.0.0.1:{busy}\n",
+            1,
+            "cannot start: metrics_listen: cannot listen on 127.0.0.1:{busy}:",
+        ),
+        (
+            "faults: {{proxies: {{remote: {{listen: '127.0.0.1:{busy}', upstream: '127.0.0.1:9'}}}}}}\n",
+            1,
+            "cannot start: faults.proxies.remote.listen: cannot listen on 127.0.0.1:{busy}:",
+        ),
+        ("state_dir: {tmp}/agent.yaml/state\n", 1, "cannot start: state_dir: cannot use"),
+        (
+            "console: {{url: 'http://127.0.0.1:9', token_file: '{tmp}/no-token'}}\n",
+            2,
+            "config error: console.token_file: [Errno 2] No such file or directory",
+        ),
+    ],
+    ids=["metrics-port-taken", "proxy-port-taken", "state-dir-unusable", "token-file-missing"],
+)
+def test_startup_failures_name_the_key_without_a_traceback(
+    tmp_path: Path, extra: str, code: int, message: str
+) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        values = {"busy": busy.getsockname()[1], "tmp": tmp_path}
+        config = tmp_path / "agent.yaml"
+        config.write_text(
+            "node: {name: n1, site: s1}\ninsecure: true\nlisten: 127.0.0.1:0\n"
+            f"state_dir: {tmp_path}/state\n" + extra.format(**values)
+        )
+        result = subprocess.run(
+            [sys.executable, "-m", "pdbridge.cli", "agent", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == code, result.stderr
+    assert f"pdbridge agent: {message.format(**values)}" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_heartbeats_back_off_while_console_fails_and_children_keep_running(
