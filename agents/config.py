@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import ssl
 import types
 import typing
 from dataclasses import dataclass, field
@@ -231,6 +232,18 @@ class AgentConfig:
                     raise ConfigError(f"tls.{key}: required unless insecure: true")
                 if not Path(path).is_file():
                     raise ConfigError(f"tls.{key}: no such file {path!r}")
+            # Unreadable PEM would otherwise surface as an ssl traceback deep in start-up.
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            try:
+                context.load_verify_locations(cafile=self.tls.ca)
+            except (ssl.SSLError, OSError) as exc:
+                raise ConfigError(f"tls.ca: not a PEM CA certificate: {exc}") from None
+            try:
+                context.load_cert_chain(self.tls.cert, self.tls.key)
+            except (ssl.SSLError, OSError) as exc:
+                raise ConfigError(
+                    f"tls.cert: not a PEM certificate matching tls.key: {exc}"
+                ) from None
         if self.console.url and not self.console.url.startswith(("http://", "https://")):
             raise ConfigError("console.url: must start with http:// or https://")
         if self.faults.mechanism not in {"auto", "interface", "route", "proxy"}:

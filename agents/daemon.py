@@ -72,7 +72,10 @@ async def serve(config_path: str | None) -> int:
         server, port = await start_server(service)
     except (RuntimeError, OSError) as exc:
         await service.shutdown()
-        print(f"pdbridge agent: cannot listen on {config.listen}: {exc}", file=sys.stderr)
+        print(
+            f"pdbridge agent: cannot start: listen: cannot listen on {config.listen}: {exc}",
+            file=sys.stderr,
+        )
         return 1
     info = {
         "pid": os.getpid(),

@@ -122,6 +122,11 @@ def test_config_error_names_the_key(tmp_path: Path) -> None:
             1,
             "cannot start: faults.proxies.remote.listen: cannot listen on 127.0.0.1:{busy}:",
         ),
+        (
+            "listen: 127.0.0.1:{busy}\n",
+            1,
+            "cannot start: listen: cannot listen on 127.0.0.1:{busy}:",
+        ),
         ("state_dir: {tmp}/agent.yaml/state\n", 1, "cannot start: state_dir: cannot use"),
         (
             "console: {{url: 'http://127.0.0.1:9', token_file: '{tmp}/no-token'}}\n",
@@ -129,7 +134,13 @@ def test_config_error_names_the_key(tmp_path: Path) -> None:
             "config error: console.token_file: [Errno 2] No such file or directory",
         ),
     ],
-    ids=["metrics-port-taken", "proxy-port-taken", "state-dir-unusable", "token-file-missing"],
+    ids=[
+        "metrics-port-taken",
+        "proxy-port-taken",
+        "listen-port-taken",
+        "state-dir-unusable",
+        "token-file-missing",
+    ],
 )
 def test_startup_failures_name_the_key_without_a_traceback(
     tmp_path: Path, extra: str, code: int, message: str
