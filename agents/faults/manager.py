@@ -111,7 +111,7 @@ class FaultManager:
     async def inject(
         self, kind: str, target: str, duration_s: float, params: dict[str, Any]
     ) -> Fault:
-        if not duration_s or duration_s <= 0:
+        if not duration_s > 0:  # also NaN, which every comparison fails
             raise FaultError("duration_s", "a fault needs an expiry: duration_s > 0")
         if duration_s > self.max_duration_s:
             raise FaultError(

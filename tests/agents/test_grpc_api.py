@@ -315,6 +315,15 @@ def test_fault_input_errors(api: Any) -> None:
         == "duration_s: a fault needs an expiry: duration_s > 0"
     )
     assert (
+        inject(kind="engine_kill", target="x", duration_s=float("nan")).details()
+        == "duration_s: a fault needs an expiry: duration_s > 0"
+    )
+    assert (
+        inject(kind="engine_kill", target="x", duration_s=float("inf"))
+        .details()
+        .startswith("duration_s: at most")
+    )
+    assert (
         inject(kind="engine_kill", target="x", duration_s=10**6)
         .details()
         .startswith("duration_s: at most")
@@ -391,6 +400,37 @@ def test_heartbeats_follow_the_console_contract(api: Any, console: FakeConsole) 
     assert child["healthy"] is True
     assert console.auth[-1] == "Bearer node-secret"
     api.Stop(pb.StopRequest(request_id=os.urandom(8).hex(), name="beating"), timeout=T)
+
+
+def test_active_faults_are_reported_in_heartbeats_until_restored(
+    api: Any, console: FakeConsole
+) -> None:
+    launch(api, "drilled-beat")
+    fault = inject_fault(api, "engine_kill", "drilled-beat", 60)
+    wait_for(lambda: child_status(api, "drilled-beat").state == "held", 5)
+    since = len(console.heartbeats)  # beats from here on see the fault and the held child
+
+    def beat_with_fault() -> dict[str, Any] | None:
+        for beat in console.heartbeats[since:]:
+            if any(f["id"] == fault.id for f in beat["faults"]):
+                return beat
+        return None
+
+    beat = wait_for(beat_with_fault, 10)
+    reported = next(f for f in beat["faults"] if f["id"] == fault.id)
+    assert reported == {
+        "id": fault.id,
+        "kind": "engine_kill",
+        "target": "drilled-beat",
+        "expires_at": fault.expires_at,
+    }
+    child = next(c for c in beat["children"] if c["name"] == "drilled-beat")
+    assert child["state"] == "held"
+    api.ClearFault(pb.ClearFaultRequest(request_id=os.urandom(8).hex(), id=fault.id), timeout=T)
+    cleared_at = len(console.heartbeats)
+    wait_for(lambda: len(console.heartbeats) > cleared_at, 10)
+    assert all(f["id"] != fault.id for b in console.heartbeats[cleared_at:] for f in b["faults"])
+    api.Stop(pb.StopRequest(request_id=os.urandom(8).hex(), name="drilled-beat"), timeout=T)
 
 
 def test_metrics_endpoint_and_child_relay(api: Any, agent: AgentProc) -> None:
