@@ -114,6 +114,12 @@ class PeerConfig:
     interface: str = _doc(
         "WAN interface towards this peer (overrides ``faults.wan_interface``).", default=""
     )
+    ports: list[int] = _doc(
+        "The peer's kv-link (TCP) ports: a ``route`` cut then drops only TCP to these ports "
+        "on ``addresses`` (policy rules), so other traffic to the peer (the control plane) "
+        "still flows; empty: every packet to ``addresses``.",
+        default_factory=list,
+    )
 
 
 @dataclass
@@ -145,7 +151,7 @@ class FaultsConfig:
         default_factory=dict,
     )
     peers: dict[str, PeerConfig] = _doc(
-        "Peer sites by name (``faults.peers.<site>.addresses`` / ``.interface``).",
+        "Peer sites by name (``faults.peers.<site>.addresses`` / ``.ports`` / ``.interface``).",
         default_factory=dict,
     )
 
@@ -248,6 +254,10 @@ class AgentConfig:
             raise ConfigError("console.url: must start with http:// or https://")
         if self.faults.mechanism not in {"auto", "interface", "route", "proxy"}:
             raise ConfigError("faults.mechanism: one of auto, interface, route, proxy")
+        for site, peer in self.faults.peers.items():
+            for i, port in enumerate(peer.ports):
+                if not 1 <= port <= 65535:
+                    raise ConfigError(f"faults.peers.{site}.ports[{i}]: between 1 and 65535")
         for site, proxy in self.faults.proxies.items():
             split_host_port(proxy.listen, f"faults.proxies.{site}.listen")
             split_host_port(proxy.upstream, f"faults.proxies.{site}.upstream")

@@ -61,6 +61,10 @@ def test_yaml_and_environment_overrides(tmp_path: Path) -> None:
             "node: {name: n, site: s}\ninsecure: true\nconsole: {url: ftp://x}\n",
             "console.url: must start with http:// or https://",
         ),
+        (
+            "node: {name: n, site: s}\ninsecure: true\nfaults: {peers: {r: {ports: [7071, 0]}}}\n",
+            "faults.peers.r.ports[1]: between 1 and 65535",
+        ),
         ("- just\n- a list\n", "--config: top level must be a mapping"),
     ],
 )

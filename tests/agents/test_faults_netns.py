@@ -27,15 +27,19 @@ from tests.support import unavailable
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 LISTENER = """
-import socket, time
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("10.231.0.2", 9000)); s.listen(64); s.settimeout(1)
+import selectors, socket, time
+sel = selectors.DefaultSelector()
+for port in (9000, 9001):  # 9000 stands for the peer's kv-link port, 9001 for anything else
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("10.231.0.2", port)); s.listen(64); s.setblocking(False)
+    sel.register(s, selectors.EVENT_READ)
 end = time.time() + 180
 while time.time() < end:
-    try:
-        c, _ = s.accept(); c.close()
-    except OSError:
-        pass
+    for key, _ in sel.select(1):
+        try:
+            c, _ = key.fileobj.accept(); c.close()
+        except OSError:
+            pass
 """
 
 
@@ -46,11 +50,11 @@ class Sites:
     veth_a: str
     listener: subprocess.Popen[bytes]
 
-    def reachable(self) -> bool:
+    def reachable(self, port: int = 9000) -> bool:
         """One real TCP connect from site A to site B's listener (0.5 s timeout)."""
         code = subprocess.run(
             ["ip", "netns", "exec", self.ns_a, sys.executable, "-c",
-             "import socket; socket.create_connection(('10.231.0.2', 9000), timeout=0.5).close()"],
+             f"import socket; socket.create_connection(('10.231.0.2', {port}), timeout=0.5).close()"],
             capture_output=True, timeout=30, check=False,
         ).returncode  # fmt: skip
         return code == 0
@@ -153,6 +157,33 @@ def test_route_cut_and_clear(
     )
     assert [f.id for f in cleared.cleared] == [fault.id]
     assert sites.reachable()
+
+
+def test_port_rule_cut_stops_only_the_kv_port_until_a_restarted_agent_restores_it(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path, sites: Sites
+) -> None:
+    config = _config(
+        tmp_path, sites, peers={"remote": {"addresses": ["10.231.0.2"], "ports": [9000]}}
+    )
+    agent = agent_factory(config)
+    fault = _inject(agent, "link_cut", 300)
+    assert fault.mechanism == "route"
+    assert not sites.reachable(9000)  # the KV port is cut...
+    assert sites.reachable(9001)  # ...the rest of the peer is not
+
+    def rules() -> str:
+        return subprocess.run(
+            ["ip", "-n", sites.ns_a, "rule", "show"], capture_output=True, text=True, check=True
+        ).stdout
+
+    assert rules().count("dport 9000 blackhole") == 1
+    agent.kill9()
+    assert not sites.reachable(9000)  # journalled, still in force without its agent
+    started = time.monotonic()
+    agent_factory(config, subdir="second")
+    wait_for(sites.reachable, 5)
+    assert time.monotonic() - started < 5
+    assert "dport 9000" not in rules()
 
 
 def test_link_degrade_shapes_and_shutdown_restores(
