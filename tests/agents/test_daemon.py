@@ -24,6 +24,7 @@ from tests.agents.conftest import (
     FakeConsole,
     agent_config,
     command_pids,
+    free_port,
     pid_alive,
     stub,
     wait_for,
@@ -204,6 +205,37 @@ def test_heartbeats_back_off_while_console_fails_and_children_keep_running(
         wait_for(lambda: len(console.heartbeats) >= count + 3, 10)  # recovers: back to interval_s
     finally:
         console.heartbeat_status = 200
+
+
+def test_heartbeats_back_off_exponentially_while_the_console_is_unreachable(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path
+) -> None:
+    config = agent_config(
+        tmp_path,
+        None,
+        console={
+            "url": f"http://127.0.0.1:{free_port()}",  # nothing listens: connection refused
+            "token": "t",
+            "heartbeat_interval_s": 0.1,
+            "backoff_max_s": 0.8,
+        },
+    )
+    agent = agent_factory(config)
+    request = pb.LaunchRequest(request_id="hb-2", name="hb", kind="decode-engine", engine="plain")
+    child = stub(agent, None).Launch(request, timeout=T).child
+
+    def retries() -> list[float]:
+        return [
+            event["retry_in_s"]
+            for line in agent.log_path.read_text().splitlines()
+            if line[:1] == "{" and (event := json.loads(line))["event"] == "agent.heartbeat_failed"
+        ]
+
+    delays = wait_for(lambda: len(retries()) >= 5 and retries(), 15)
+    assert delays[:5] == [0.2, 0.4, 0.8, 0.8, 0.8]  # doubling from the interval, capped
+    assert _value(_scrape(agent), "pdbridge_agent_heartbeat_failures_total") >= 5
+    now = stub(agent, None).Status(pb.StatusRequest(name="hb"), timeout=T).children[0]
+    assert (now.pid, now.state, now.healthy) == (child.pid, "running", True)
 
 
 def _scrape(agent: AgentProc) -> str:

@@ -4,6 +4,7 @@ idempotency, authentication, bad input, supervision and heartbeats."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -236,13 +237,23 @@ def test_kill_9_of_child_restarts_it_healthy_within_10s(api: Any) -> None:
     api.Stop(pb.StopRequest(request_id=os.urandom(8).hex(), name="victim"), timeout=T)
 
 
-def test_crash_loop_ends_in_failed(api: Any) -> None:
+def test_crash_loop_ends_in_failed(api: Any, agent: AgentProc) -> None:
     child = launch(api, "looper", engine="crasher").child  # healthy, then exits every 0.6 s
     assert child.state == "running"
     failed = wait_for(lambda: (c := child_status(api, "looper")).state == "failed" and c, 30)
     assert failed.restarts == 2  # crash_loop_limit 3: the third crash is final
     assert failed.last_exit == "exit 3"
     assert failed.pid == 0
+    # Exponential backoff between the restarts: backoff_initial_s 0.2, doubled per crash.
+    events = [
+        json.loads(line) for line in agent.log_path.read_text().splitlines() if line[:1] == "{"
+    ]
+    delays = [
+        e["delay_s"]
+        for e in events
+        if e["event"] == "agent.child_backoff" and e["child"] == "looper"
+    ]
+    assert delays == [0.2, 0.4]
     restarted = api.Restart(
         pb.RestartRequest(request_id=os.urandom(8).hex(), name="looper"), timeout=T
     ).child
@@ -445,7 +456,23 @@ def test_metrics_endpoint_and_child_relay(api: Any, agent: AgentProc) -> None:
     snapshot = api.Metrics(pb.MetricsRequest(), timeout=T)
     assert "pdbridge_agent_requests_total" in snapshot.agent
     assert snapshot.child_urls["measured"] == f"{base}/children/measured/metrics"
+
+    api.Restart(pb.RestartRequest(request_id=os.urandom(8).hex(), name="measured"), timeout=T)
+    fault = inject_fault(api, "engine_kill", "measured", 60)
+    text = api.Metrics(pb.MetricsRequest(), timeout=T).agent
+    assert 'pdbridge_agent_child_restarts_total{child="measured"} 1.0' in text
+    assert 'pdbridge_agent_faults_active{kind="engine_kill"} 1.0' in text
+    restored = _sample(text, "pdbridge_agent_faults_restored_total")
+    api.ClearFault(pb.ClearFaultRequest(request_id=os.urandom(8).hex(), id=fault.id), timeout=T)
+    text = api.Metrics(pb.MetricsRequest(), timeout=T).agent
+    assert 'pdbridge_agent_faults_active{kind="engine_kill"} 0.0' in text
+    assert _sample(text, "pdbridge_agent_faults_restored_total") == restored + 1
     api.Stop(pb.StopRequest(request_id=os.urandom(8).hex(), name="measured"), timeout=T)
+
+
+def _sample(text: str, name: str) -> float:
+    (line,) = [line for line in text.splitlines() if line.startswith(name + " ")]
+    return float(line.split()[1])
 
 
 def test_probe_rejects_bad_input(api: Any) -> None:
