@@ -211,6 +211,19 @@ class LinkDegrade(_LinkFault):
     corruption, what the KV link's per-chunk checksums exist to catch)."""
 
     kernel_mechanisms = ("interface",)
+    PROXY_ONLY = ("latency_ms", "jitter_ms", "reset_after_kb", "corrupt_every_kb")
+
+    def choose(self, fault: Fault, ctx: FaultContext) -> str:
+        # The kernel here shapes rate only (no netem): under ``auto`` a degrade that asks for
+        # latency, resets or corruption goes to the peer's fault proxy when it has one.
+        if (
+            ctx.config.mechanism == "auto"
+            and any(key in fault.params for key in self.PROXY_ONLY)
+            and fault.target in ctx.config.proxies
+            and fault.target in ctx.proxies
+        ):
+            return "proxy"
+        return super().choose(fault, ctx)
 
     def prepare(self, fault: Fault, ctx: FaultContext) -> None:
         params = dict(fault.params)
@@ -233,7 +246,7 @@ class LinkDegrade(_LinkFault):
                 )
         else:
             burst = _number(params, "burst_kb", 64)
-            for proxy_only in ("latency_ms", "jitter_ms", "reset_after_kb", "corrupt_every_kb"):
+            for proxy_only in self.PROXY_ONLY:
                 if proxy_only in params:
                     raise FaultError(
                         f"params.{proxy_only}",

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from agents.proto.api import pb
-from tests.agents.conftest import AgentProc, agent_config, stub, wait_for
+from tests.agents.conftest import AgentProc, agent_config, free_port, stub, wait_for
 from tests.agents.test_grpc_api import T, settings
 from tests.support import unavailable
 
@@ -205,3 +205,15 @@ def test_link_degrade_shapes_and_shutdown_restores(
     assert "rate 5Mbit" in qdisc()
     assert agent.terminate() == 0  # graceful shutdown restores every fault
     assert "tbf" not in qdisc()
+
+
+def test_auto_degrade_shapes_in_the_kernel_and_sends_latency_to_the_proxy(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path, sites: Sites
+) -> None:
+    proxies = {"remote": {"listen": f"127.0.0.1:{free_port()}", "upstream": "127.0.0.1:9"}}
+    agent = agent_factory(_config(tmp_path, sites, proxies=proxies))
+    shaped = _inject(agent, "link_degrade", 60, rate_mbit=5)
+    assert shaped.mechanism == "tc"  # root and a WAN interface: the kernel
+    stub(agent, None).ClearFault(pb.ClearFaultRequest(request_id="c-2", id=shaped.id), timeout=T)
+    delayed = _inject(agent, "link_degrade", 60, latency_ms=50)
+    assert delayed.mechanism == "proxy"  # no netem here: latency only through the proxy
