@@ -109,7 +109,14 @@ def test_launch_status_stop_restart(api: Any) -> None:
     status = api.Status(pb.StatusRequest(), timeout=T)
     assert status.node == "dec-1"
     assert status.site == "local"
-    assert [c.name for c in status.children if c.name == "pre-1"] == ["pre-1"]
+    (mine,) = [c for c in status.children if c.name == "pre-1"]
+    assert (mine.pid, mine.port, mine.healthy, mine.restarts) == (
+        restarted.pid,
+        restarted.port,
+        True,
+        1,
+    )
+    assert 0 < mine.uptime_s < status.uptime_s  # the child's since its (re)start, the agent's
 
     logs = api.Logs(pb.LogsRequest(name="pre-1", offset=0), timeout=T)
     assert b"healthserver pid=" in logs.data
