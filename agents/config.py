@@ -245,7 +245,9 @@ class AgentConfig:
             except (ssl.SSLError, OSError) as exc:
                 raise ConfigError(f"tls.ca: not a PEM CA certificate: {exc}") from None
             try:
-                context.load_cert_chain(self.tls.cert, self.tls.key)
+                # An empty password: an encrypted key fails here instead of prompting on a tty
+                # (grpc could not use it either).
+                context.load_cert_chain(self.tls.cert, self.tls.key, password=lambda: b"")
             except (ssl.SSLError, OSError) as exc:
                 raise ConfigError(
                     f"tls.cert: not a PEM certificate matching tls.key: {exc}"
