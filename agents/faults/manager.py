@@ -156,21 +156,34 @@ class FaultManager:
         return fault
 
     async def clear(self, fault_id: str) -> list[Fault]:
-        """Restore one fault (or all with an empty id); FaultError NOT_FOUND for an unknown id."""
+        """Restore one fault (or all with an empty id); FaultError NOT_FOUND for an unknown id,
+        UNAVAILABLE when a restore failed (the fault stays active and the sweeper retries it
+        every second: a caller must not believe the link is back when it is not)."""
         if fault_id and fault_id not in self.active:
             raise FaultError("id", f"no active fault {fault_id!r}", "NOT_FOUND")
         targets = [self.active[fault_id]] if fault_id else list(self.active.values())
+        failed = []
         for fault in targets:
-            await self._restore(fault, reason="cleared")
+            error = await self._restore(fault, reason="cleared")
+            if error is not None:
+                failed.append(f"{fault.id} ({error})")
+        if failed:
+            raise FaultError(
+                "id",
+                f"restore failed for {', '.join(failed)}; still active, retried every second",
+                "UNAVAILABLE",
+            )
         return targets
 
-    async def _restore(self, fault: Fault, reason: str) -> None:
+    async def _restore(self, fault: Fault, reason: str) -> str | None:
         async with self._lock:
-            await self._restore_locked(fault, reason)
+            return await self._restore_locked(fault, reason)
 
-    async def _restore_locked(self, fault: Fault, reason: str) -> None:
+    async def _restore_locked(self, fault: Fault, reason: str) -> str | None:
+        """Restore and forget ``fault``; returns the error when the restore failed (then the
+        fault stays active and is retried, except after a failed apply)."""
         if fault.id not in self.active:
-            return
+            return None
         try:
             await injector(fault.kind).restore(fault, self.ctx)
         except Exception as exc:
@@ -181,7 +194,7 @@ class FaultManager:
             if reason != "apply_failed":
                 # Retried by the sweeper in a second (not in a hot loop).
                 fault.expires_epoch = time.time() + 1.0
-                return
+                return str(exc)
         fault.state = "restored"
         del self.active[fault.id]
         self.journal.save(list(self.active.values()))
@@ -189,6 +202,7 @@ class FaultManager:
         log.warning(
             "agent.fault_restored", extra={"fault": fault.id, "kind": fault.kind, "reason": reason}
         )
+        return None
 
     async def _sweep(self) -> None:
         while True:
