@@ -1,7 +1,8 @@
 """``pdbridge agent``: the node agent daemon.
 
-Start-up order: load config (exit 2 naming the bad key), reap leftovers of a previous agent
-(child process groups, journalled faults), open the control API and metrics, write
+Start-up order: load config (exit 2 naming the bad key), restore a previous agent's journalled
+faults, reap its leftover child process groups, start the fault proxies, detect accelerators,
+open the metrics endpoint and the control API (exit 1 naming the key it cannot use), write
 ``<state_dir>/agent.json`` (pid and bound ports, for supervisors and tests), then serve until
 SIGTERM/SIGINT, which restores faults and stops children gracefully before exiting 0.
 """

@@ -112,7 +112,9 @@ class AgentService:
         )
         self.groups = procs.GroupRecord(self.state_dir / "children.json")
         self.started = time.monotonic()
-        self.accelerators = config.capacity.accelerators or detect_accelerators()
+        # Detected in start(), after the journalled faults are restored (nvidia-smi can take
+        # seconds on a GPU node; a cut link must not wait for it).
+        self.accelerators: list[dict[str, Any]] = list(config.capacity.accelerators)
         self.metrics_port = 0
         self.weights = WeightsHasher()
         self.tls = TlsReporter(config)
@@ -154,6 +156,12 @@ class AgentService:
             (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StartupError(f"state_dir: cannot use {str(self.state_dir)!r}: {exc}") from exc
+        # First of all: undo what a previous agent's faults left (a cut link), even if
+        # something further down stops this start. Proxy faults died with that agent's
+        # proxies and engine faults with its children, so nothing here needs them running.
+        restored = await self.faults.start()
+        if restored:
+            log.warning("agent.restored_journalled_faults", extra={"count": restored})
         procs.reap_recorded_groups(self.groups.path)
         for site, proxy_config in self.config.faults.proxies.items():
             proxy = FaultProxy(upstream=proxy_config.upstream, listen=proxy_config.listen)
@@ -165,9 +173,8 @@ class AgentService:
                 ) from exc
             self.proxies[site] = proxy
         self.weights.report(self.config.models, {})  # queue the held models' hashes now
-        restored = await self.faults.start()
-        if restored:
-            log.warning("agent.restored_journalled_faults", extra={"count": restored})
+        if not self.accelerators:
+            self.accelerators = await asyncio.to_thread(detect_accelerators)
         if self.console.enabled:
             self._heartbeat = asyncio.create_task(
                 self.console.heartbeat_loop(

@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +144,57 @@ def test_restarted_agent_restores_journalled_fault_within_5s(
     agent_factory(config, subdir="second")
     wait_for(sites.reachable, 5)  # ...until the next agent starts and restores it
     assert time.monotonic() - started < 5
+    assert '"faults": []' in (Path(config["state_dir"]) / "faults.json").read_text()
+
+
+def _cut_then_kill9(
+    agent_factory: Callable[..., AgentProc], config: dict[str, Any], sites: Sites
+) -> None:
+    agent = agent_factory(config)
+    _inject(agent, "link_cut", 300)
+    agent.kill9()
+    assert not sites.reachable()
+
+
+def test_journalled_fault_is_restored_before_a_slow_accelerator_probe(
+    agent_factory: Callable[..., AgentProc],
+    tmp_path: Path,
+    sites: Sites,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = _config(tmp_path, sites)
+    _cut_then_kill9(agent_factory, config, sites)
+    # nvidia-smi can take seconds on a GPU node; the restore must not wait for it. (A stand-in
+    # on PATH: this machine has no GPU.)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text("#!/bin/sh\nsleep 8\necho 'NVIDIA H200, 143771'\n")
+    (tools / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    started = time.monotonic()
+    with ThreadPoolExecutor(1) as pool:
+        second = pool.submit(agent_factory, config, "second")  # returns once it serves
+        wait_for(sites.reachable, 5)
+        assert time.monotonic() - started < 5
+        assert second.result(60).process.poll() is None
+    assert time.monotonic() - started >= 8  # it did wait for the probe, after the restore
+
+
+def test_journalled_fault_is_restored_even_when_the_start_then_fails(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path, sites: Sites
+) -> None:
+    config = _config(tmp_path, sites)
+    _cut_then_kill9(agent_factory, config, sites)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        proxies = {
+            "remote": {"listen": f"127.0.0.1:{busy.getsockname()[1]}", "upstream": "127.0.0.1:9"}
+        }
+        broken = _config(tmp_path, sites, proxies=proxies)
+        with pytest.raises(AssertionError, match="agent exited 1"):
+            agent_factory(broken, subdir="second")
+    assert sites.reachable()
     assert '"faults": []' in (Path(config["state_dir"]) / "faults.json").read_text()
 
 
