@@ -40,16 +40,23 @@ class Journal:
         self.path = path
 
     def load(self) -> list[Fault]:
+        """The journalled faults. A journal that cannot be parsed (not JSON, or records of
+        another shape) is moved aside to ``faults.json.unreadable`` for an operator to undo by
+        hand, and logged as an error; the agent starts rather than crash-looping on it."""
         try:
             data = json.loads(self.path.read_text())
+            return [Fault.from_json(item) for item in data.get("faults", [])]
         except FileNotFoundError:
             return []
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            aside = self.path.with_name(self.path.name + ".unreadable")
+            with contextlib.suppress(OSError):
+                os.replace(self.path, aside)
             log.error(
-                "agent.fault_journal_unreadable", extra={"path": str(self.path), "error": str(exc)}
+                "agent.fault_journal_unreadable",
+                extra={"path": str(self.path), "moved_to": str(aside), "error": str(exc)},
             )
             return []
-        return [Fault.from_json(item) for item in data.get("faults", [])]
 
     def save(self, faults: list[Fault]) -> None:
         tmp = self.path.with_suffix(".tmp")

@@ -126,3 +126,21 @@ def test_clear_whose_restore_fails_says_so_and_keeps_the_fault(manager: FaultMan
     assert str(error).startswith(f"id: restore failed for {still[0]} (mechanism: not yet)")
     assert len(still) == 1
     assert manager.active == {}
+
+
+@pytest.mark.parametrize(
+    "text", ["{not json", '{"faults": [{"id": "x", "shape": "of another version"}]}', "[1, 2]"]
+)
+def test_unreadable_journal_is_moved_aside_not_fatal(
+    manager: FaultManager, tmp_path: Path, text: str
+) -> None:
+    (tmp_path / "faults.json").write_text(text)
+
+    async def scenario() -> int:
+        restored = await manager.start()
+        await manager.close()
+        return restored
+
+    assert asyncio.run(scenario()) == 0
+    assert (tmp_path / "faults.json.unreadable").read_text() == text  # kept for an operator
+    assert not (tmp_path / "faults.json").exists()
