@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import ssl
 import types
 import typing
 from dataclasses import dataclass, field
@@ -113,6 +114,12 @@ class PeerConfig:
     interface: str = _doc(
         "WAN interface towards this peer (overrides ``faults.wan_interface``).", default=""
     )
+    ports: list[int] = _doc(
+        "The peer's kv-link (TCP) ports: a ``route`` cut then drops only TCP to these ports "
+        "on ``addresses`` (policy rules), so other traffic to the peer (the control plane) "
+        "still flows; empty: every packet to ``addresses``.",
+        default_factory=list,
+    )
 
 
 @dataclass
@@ -144,7 +151,7 @@ class FaultsConfig:
         default_factory=dict,
     )
     peers: dict[str, PeerConfig] = _doc(
-        "Peer sites by name (``faults.peers.<site>.addresses`` / ``.interface``).",
+        "Peer sites by name (``faults.peers.<site>.addresses`` / ``.ports`` / ``.interface``).",
         default_factory=dict,
     )
 
@@ -231,10 +238,28 @@ class AgentConfig:
                     raise ConfigError(f"tls.{key}: required unless insecure: true")
                 if not Path(path).is_file():
                     raise ConfigError(f"tls.{key}: no such file {path!r}")
+            # Unreadable PEM would otherwise surface as an ssl traceback deep in start-up.
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            try:
+                context.load_verify_locations(cafile=self.tls.ca)
+            except (ssl.SSLError, OSError) as exc:
+                raise ConfigError(f"tls.ca: not a PEM CA certificate: {exc}") from None
+            try:
+                # An empty password: an encrypted key fails here instead of prompting on a tty
+                # (grpc could not use it either).
+                context.load_cert_chain(self.tls.cert, self.tls.key, password=lambda: b"")
+            except (ssl.SSLError, OSError) as exc:
+                raise ConfigError(
+                    f"tls.cert: not a PEM certificate matching tls.key: {exc}"
+                ) from None
         if self.console.url and not self.console.url.startswith(("http://", "https://")):
             raise ConfigError("console.url: must start with http:// or https://")
         if self.faults.mechanism not in {"auto", "interface", "route", "proxy"}:
             raise ConfigError("faults.mechanism: one of auto, interface, route, proxy")
+        for site, peer in self.faults.peers.items():
+            for i, port in enumerate(peer.ports):
+                if not 1 <= port <= 65535:
+                    raise ConfigError(f"faults.peers.{site}.ports[{i}]: between 1 and 65535")
         for site, proxy in self.faults.proxies.items():
             split_host_port(proxy.listen, f"faults.proxies.{site}.listen")
             split_host_port(proxy.upstream, f"faults.proxies.{site}.upstream")

@@ -1,7 +1,8 @@
 """``pdbridge agent``: the node agent daemon.
 
-Start-up order: load config (exit 2 naming the bad key), reap leftovers of a previous agent
-(child process groups, journalled faults), open the control API and metrics, write
+Start-up order: load config (exit 2 naming the bad key), restore a previous agent's journalled
+faults, reap its leftover child process groups, start the fault proxies, detect accelerators,
+open the metrics endpoint and the control API (exit 1 naming the key it cannot use), write
 ``<state_dir>/agent.json`` (pid and bound ports, for supervisors and tests), then serve until
 SIGTERM/SIGINT, which restores faults and stops children gracefully before exiting 0.
 """
@@ -49,10 +50,11 @@ def _print_reference() -> None:
 
 async def serve(config_path: str | None) -> int:
     from agents.grpc_api import start_server
-    from agents.service import AgentService
+    from agents.service import AgentService, StartupError
 
     try:
         config = load_config(config_path)
+        service = AgentService(config)  # reads console.token_file
     except ConfigError as exc:
         print(f"pdbridge agent: config error: {exc}", file=sys.stderr)
         return 2
@@ -60,13 +62,21 @@ async def serve(config_path: str | None) -> int:
         log.warning(
             "agent.insecure", extra={"listen": config.listen, "detail": "plaintext, no allowlist"}
         )
-    service = AgentService(config)
-    await service.start()
+    try:
+        await service.start()
+    except StartupError as exc:
+        # Undo what did start (journalled faults restored, sessions closed) before exiting.
+        await service.shutdown()
+        print(f"pdbridge agent: cannot start: {exc}", file=sys.stderr)
+        return 1
     try:
         server, port = await start_server(service)
     except (RuntimeError, OSError) as exc:
         await service.shutdown()
-        print(f"pdbridge agent: cannot listen on {config.listen}: {exc}", file=sys.stderr)
+        print(
+            f"pdbridge agent: cannot start: listen: cannot listen on {config.listen}: {exc}",
+            file=sys.stderr,
+        )
         return 1
     info = {
         "pid": os.getpid(),

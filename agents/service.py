@@ -89,6 +89,11 @@ def detect_accelerators() -> list[dict[str, Any]]:
     return parse_nvidia_smi(out)
 
 
+class StartupError(RuntimeError):
+    """The agent cannot start with this config (a port taken, a directory unusable); the
+    message starts with the config key."""
+
+
 class AgentService:
     """One node agent. Construct, ``await start()``, serve, ``await shutdown()``."""
 
@@ -107,7 +112,9 @@ class AgentService:
         )
         self.groups = procs.GroupRecord(self.state_dir / "children.json")
         self.started = time.monotonic()
-        self.accelerators = config.capacity.accelerators or detect_accelerators()
+        # Detected in start(), after the journalled faults are restored (nvidia-smi can take
+        # seconds on a GPU node; a cut link must not wait for it).
+        self.accelerators: list[dict[str, Any]] = list(config.capacity.accelerators)
         self.metrics_port = 0
         self.weights = WeightsHasher()
         self.tls = TlsReporter(config)
@@ -139,17 +146,35 @@ class AgentService:
     # ---- life cycle ------------------------------------------------------------------
     async def start(self) -> None:
         """Clean up after a previous agent (leftover child groups, journalled faults), then
-        start the heartbeat loop and the metrics endpoint."""
-        (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
-        procs.reap_recorded_groups(self.groups.path)
-        for site, proxy_config in self.config.faults.proxies.items():
-            proxy = FaultProxy(upstream=proxy_config.upstream, listen=proxy_config.listen)
-            await proxy.start()
-            self.proxies[site] = proxy
-        self.weights.report(self.config.models, {})  # queue the held models' hashes now
+        start the heartbeat loop and the metrics endpoint.
+
+        Raises :class:`StartupError` naming the config key when a resource it names cannot be
+        used (state_dir not writable, a listen address taken); the daemon prints it and exits
+        instead of dying with a traceback.
+        """
+        try:
+            (self.state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StartupError(f"state_dir: cannot use {str(self.state_dir)!r}: {exc}") from exc
+        # First of all: undo what a previous agent's faults left (a cut link), even if
+        # something further down stops this start. Proxy faults died with that agent's
+        # proxies and engine faults with its children, so nothing here needs them running.
         restored = await self.faults.start()
         if restored:
             log.warning("agent.restored_journalled_faults", extra={"count": restored})
+        procs.reap_recorded_groups(self.groups.path)
+        for site, proxy_config in self.config.faults.proxies.items():
+            proxy = FaultProxy(upstream=proxy_config.upstream, listen=proxy_config.listen)
+            try:
+                await proxy.start()
+            except OSError as exc:
+                raise StartupError(
+                    f"faults.proxies.{site}.listen: cannot listen on {proxy_config.listen}: {exc}"
+                ) from exc
+            self.proxies[site] = proxy
+        self.weights.report(self.config.models, {})  # queue the held models' hashes now
+        if not self.accelerators:
+            self.accelerators = await asyncio.to_thread(detect_accelerators)
         if self.console.enabled:
             self._heartbeat = asyncio.create_task(
                 self.console.heartbeat_loop(
@@ -165,7 +190,12 @@ class AgentService:
             self._runner = web.AppRunner(app, access_log=None)
             await self._runner.setup()
             tcp_site = web.TCPSite(self._runner, host, port)
-            await tcp_site.start()
+            try:
+                await tcp_site.start()
+            except OSError as exc:
+                raise StartupError(
+                    f"metrics_listen: cannot listen on {self.config.metrics_listen}: {exc}"
+                ) from exc
             server = tcp_site._server
             sockets = getattr(server, "sockets", None) or []
             self.metrics_port = sockets[0].getsockname()[1] if sockets else port
@@ -189,6 +219,8 @@ class AgentService:
                 await self._heartbeat
         if self._runner is not None:
             await self._runner.cleanup()
+        for proxy in self.proxies.values():
+            await proxy.stop()
         await self.console.close()
         if self._http is not None:
             await self._http.close()

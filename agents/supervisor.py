@@ -212,6 +212,10 @@ class Child:
                 self.config.backoff_max_s,
             )
             self._set_state("backoff")
+            log.info(
+                "agent.child_backoff",
+                extra={"child": self.spec.name, "crashes": len(self._crashes), "delay_s": delay},
+            )
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)

@@ -4,7 +4,9 @@ Mechanisms (``faults.mechanism``; ``auto`` = kernel when the agent is root and t
 kernel config, otherwise the proxy):
 
 * ``route`` (root): blackhole routes to the peer's addresses (``ip route replace blackhole``):
-  only that peer's traffic stops.
+  only that peer's traffic stops. With ``faults.peers.<site>.ports`` (the peer's kv-link
+  ports) a policy rule per address and port instead (``ip rule add to ADDR ipproto tcp dport
+  PORT blackhole``): only the KV link stops; the control plane to that peer keeps working.
 * ``interface`` (root): the WAN interface goes down (``ip link set DEV down``); for
   ``link_degrade`` a token-bucket limit on it (``tc qdisc replace ... tbf``). This kernel has
   no netem, so latency and resets need the proxy.
@@ -50,6 +52,17 @@ async def run_ip(args: list[str], tolerate: tuple[str, ...] = ()) -> None:
 def _netns(details: dict[str, Any]) -> list[str]:
     ns = str(details.get("netns") or "")
     return ["-n", ns] if ns else []
+
+
+# What ``ip rule del`` says when the rule is already gone.
+_NO_RULE = ("No such file or directory",)
+
+
+def _port_rule(verb: str, address: str, port: int, details: dict[str, Any]) -> list[str]:
+    """``ip rule add|del`` black-holing TCP to one kv-link port of a peer address."""
+    family = "-6" if ipaddress.ip_network(address, strict=False).version == 6 else "-4"
+    return ["ip", family, *_netns(details), "rule", verb, "to", address,
+            "ipproto", "tcp", "dport", str(port), "blackhole"]  # fmt: skip
 
 
 def _number(params: dict[str, Any], key: str, default: float | None = None) -> float | None:
@@ -146,6 +159,7 @@ class LinkCut(_LinkFault):
                         "target", f"faults.peers.{fault.target}: bad address {address!r}"
                     ) from None
             details["addresses"] = list(peer.addresses)
+            details["ports"] = list(peer.ports)
         else:
             details["interface"] = self.interface(fault, ctx)
         fault.mechanism = mechanism
@@ -157,7 +171,13 @@ class LinkCut(_LinkFault):
             ctx.proxies[fault.target].cut(fault.details["mode"])
         elif fault.mechanism == "route":
             for address in fault.details["addresses"]:
-                await run_ip(["ip", *ns, "route", "replace", "blackhole", address])
+                for port in fault.details.get("ports") or []:
+                    # ``ip rule add`` is not idempotent: drop a leftover twin first, so one
+                    # delete at restore undoes it.
+                    await run_ip(_port_rule("del", address, port, fault.details), _NO_RULE)
+                    await run_ip(_port_rule("add", address, port, fault.details))
+                if not fault.details.get("ports"):
+                    await run_ip(["ip", *ns, "route", "replace", "blackhole", address])
         else:
             await run_ip(["ip", *ns, "link", "set", "dev", fault.details["interface"], "down"])
 
@@ -169,9 +189,13 @@ class LinkCut(_LinkFault):
                 proxy.restore()
         elif fault.mechanism == "route":
             for address in fault.details["addresses"]:
-                await run_ip(
-                    ["ip", *ns, "route", "del", "blackhole", address], tolerate=("No such process",)
-                )
+                for port in fault.details.get("ports") or []:
+                    await run_ip(_port_rule("del", address, port, fault.details), _NO_RULE)
+                if not fault.details.get("ports"):  # .get: journalled before ports existed
+                    await run_ip(
+                        ["ip", *ns, "route", "del", "blackhole", address],
+                        tolerate=("No such process",),
+                    )
         else:
             await run_ip(
                 ["ip", *ns, "link", "set", "dev", fault.details["interface"], "up"],
@@ -187,6 +211,19 @@ class LinkDegrade(_LinkFault):
     corruption, what the KV link's per-chunk checksums exist to catch)."""
 
     kernel_mechanisms = ("interface",)
+    PROXY_ONLY = ("latency_ms", "jitter_ms", "reset_after_kb", "corrupt_every_kb")
+
+    def choose(self, fault: Fault, ctx: FaultContext) -> str:
+        # The kernel here shapes rate only (no netem): under ``auto`` a degrade that asks for
+        # latency, resets or corruption goes to the peer's fault proxy when it has one.
+        if (
+            ctx.config.mechanism == "auto"
+            and any(key in fault.params for key in self.PROXY_ONLY)
+            and fault.target in ctx.config.proxies
+            and fault.target in ctx.proxies
+        ):
+            return "proxy"
+        return super().choose(fault, ctx)
 
     def prepare(self, fault: Fault, ctx: FaultContext) -> None:
         params = dict(fault.params)
@@ -209,7 +246,7 @@ class LinkDegrade(_LinkFault):
                 )
         else:
             burst = _number(params, "burst_kb", 64)
-            for proxy_only in ("latency_ms", "jitter_ms", "reset_after_kb", "corrupt_every_kb"):
+            for proxy_only in self.PROXY_ONLY:
                 if proxy_only in params:
                     raise FaultError(
                         f"params.{proxy_only}",

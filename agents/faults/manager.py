@@ -40,16 +40,23 @@ class Journal:
         self.path = path
 
     def load(self) -> list[Fault]:
+        """The journalled faults. A journal that cannot be parsed (not JSON, or records of
+        another shape) is moved aside to ``faults.json.unreadable`` for an operator to undo by
+        hand, and logged as an error; the agent starts rather than crash-looping on it."""
         try:
             data = json.loads(self.path.read_text())
+            return [Fault.from_json(item) for item in data.get("faults", [])]
         except FileNotFoundError:
             return []
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            aside = self.path.with_name(self.path.name + ".unreadable")
+            with contextlib.suppress(OSError):
+                os.replace(self.path, aside)
             log.error(
-                "agent.fault_journal_unreadable", extra={"path": str(self.path), "error": str(exc)}
+                "agent.fault_journal_unreadable",
+                extra={"path": str(self.path), "moved_to": str(aside), "error": str(exc)},
             )
             return []
-        return [Fault.from_json(item) for item in data.get("faults", [])]
 
     def save(self, faults: list[Fault]) -> None:
         tmp = self.path.with_suffix(".tmp")
@@ -111,7 +118,7 @@ class FaultManager:
     async def inject(
         self, kind: str, target: str, duration_s: float, params: dict[str, Any]
     ) -> Fault:
-        if not duration_s or duration_s <= 0:
+        if not duration_s > 0:  # also NaN, which every comparison fails
             raise FaultError("duration_s", "a fault needs an expiry: duration_s > 0")
         if duration_s > self.max_duration_s:
             raise FaultError(
@@ -156,21 +163,34 @@ class FaultManager:
         return fault
 
     async def clear(self, fault_id: str) -> list[Fault]:
-        """Restore one fault (or all with an empty id); FaultError NOT_FOUND for an unknown id."""
+        """Restore one fault (or all with an empty id); FaultError NOT_FOUND for an unknown id,
+        UNAVAILABLE when a restore failed (the fault stays active and the sweeper retries it
+        every second: a caller must not believe the link is back when it is not)."""
         if fault_id and fault_id not in self.active:
             raise FaultError("id", f"no active fault {fault_id!r}", "NOT_FOUND")
         targets = [self.active[fault_id]] if fault_id else list(self.active.values())
+        failed = []
         for fault in targets:
-            await self._restore(fault, reason="cleared")
+            error = await self._restore(fault, reason="cleared")
+            if error is not None:
+                failed.append(f"{fault.id} ({error})")
+        if failed:
+            raise FaultError(
+                "id",
+                f"restore failed for {', '.join(failed)}; still active, retried every second",
+                "UNAVAILABLE",
+            )
         return targets
 
-    async def _restore(self, fault: Fault, reason: str) -> None:
+    async def _restore(self, fault: Fault, reason: str) -> str | None:
         async with self._lock:
-            await self._restore_locked(fault, reason)
+            return await self._restore_locked(fault, reason)
 
-    async def _restore_locked(self, fault: Fault, reason: str) -> None:
+    async def _restore_locked(self, fault: Fault, reason: str) -> str | None:
+        """Restore and forget ``fault``; returns the error when the restore failed (then the
+        fault stays active and is retried, except after a failed apply)."""
         if fault.id not in self.active:
-            return
+            return None
         try:
             await injector(fault.kind).restore(fault, self.ctx)
         except Exception as exc:
@@ -181,7 +201,7 @@ class FaultManager:
             if reason != "apply_failed":
                 # Retried by the sweeper in a second (not in a hot loop).
                 fault.expires_epoch = time.time() + 1.0
-                return
+                return str(exc)
         fault.state = "restored"
         del self.active[fault.id]
         self.journal.save(list(self.active.values()))
@@ -189,6 +209,7 @@ class FaultManager:
         log.warning(
             "agent.fault_restored", extra={"fault": fault.id, "kind": fault.kind, "reason": reason}
         )
+        return None
 
     async def _sweep(self) -> None:
         while True:

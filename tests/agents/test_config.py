@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from agents.config import ConfigError, load_config, reference
+from tests.agents.pki import Pki
 from tests.support import repo_root
 
 
@@ -60,6 +61,10 @@ def test_yaml_and_environment_overrides(tmp_path: Path) -> None:
             "node: {name: n, site: s}\ninsecure: true\nconsole: {url: ftp://x}\n",
             "console.url: must start with http:// or https://",
         ),
+        (
+            "node: {name: n, site: s}\ninsecure: true\nfaults: {peers: {r: {ports: [7071, 0]}}}\n",
+            "faults.peers.r.ports[1]: between 1 and 65535",
+        ),
         ("- just\n- a list\n", "--config: top level must be a mapping"),
     ],
 )
@@ -84,3 +89,33 @@ def test_every_key_is_documented_once_and_in_the_docs() -> None:
     docs = (repo_root() / "docs" / "agent.md").read_text()
     missing = [key for key in keys if f"`{key}`" not in docs]
     assert missing == []
+
+
+def test_unreadable_tls_material_names_the_key(tmp_path: Path, pki: Pki) -> None:
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    other_key = pki.client("intruder")[1]  # a real key, not the agent certificate's
+
+    def error(ca: Path, cert: Path, key: Path) -> str:
+        path = _write(
+            tmp_path, f"node: {{name: n, site: s}}\ntls: {{ca: {ca}, cert: {cert}, key: {key}}}\n"
+        )
+        with pytest.raises(ConfigError) as err:
+            load_config(path, {})
+        return str(err.value)
+
+    assert error(garbage, pki.agent_cert, pki.agent_key).startswith(
+        "tls.ca: not a PEM CA certificate"
+    )
+    assert error(pki.ca, garbage, pki.agent_key).startswith(
+        "tls.cert: not a PEM certificate matching tls.key"
+    )
+    assert error(pki.ca, pki.agent_cert, other_key).startswith(
+        "tls.cert: not a PEM certificate matching tls.key"
+    )
+    good = _write(
+        tmp_path,
+        f"node: {{name: n, site: s}}\n"
+        f"tls: {{ca: {pki.ca}, cert: {pki.agent_cert}, key: {pki.agent_key}}}\n",
+    )
+    assert load_config(good, {}).tls.cert == str(pki.agent_cert)

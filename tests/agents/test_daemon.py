@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -23,6 +24,7 @@ from tests.agents.conftest import (
     FakeConsole,
     agent_config,
     command_pids,
+    free_port,
     pid_alive,
     stub,
     wait_for,
@@ -108,6 +110,64 @@ def test_config_error_names_the_key(tmp_path: Path) -> None:
     assert "config error: supervision.crash_loop_limit: expected a number" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("extra", "code", "message"),
+    [
+        (
+            "metrics_listen: 127.0.0.1:{busy}\n",
+            1,
+            "cannot start: metrics_listen: cannot listen on 127.0.0.1:{busy}:",
+        ),
+        (
+            "faults: {{proxies: {{remote: {{listen: '127.0.0.1:{busy}', upstream: '127.0.0.1:9'}}}}}}\n",
+            1,
+            "cannot start: faults.proxies.remote.listen: cannot listen on 127.0.0.1:{busy}:",
+        ),
+        (
+            "listen: 127.0.0.1:{busy}\n",
+            1,
+            "cannot start: listen: cannot listen on 127.0.0.1:{busy}:",
+        ),
+        ("state_dir: {tmp}/agent.yaml/state\n", 1, "cannot start: state_dir: cannot use"),
+        (
+            "console: {{url: 'http://127.0.0.1:9', token_file: '{tmp}/no-token'}}\n",
+            2,
+            "config error: console.token_file: [Errno 2] No such file or directory",
+        ),
+    ],
+    ids=[
+        "metrics-port-taken",
+        "proxy-port-taken",
+        "listen-port-taken",
+        "state-dir-unusable",
+        "token-file-missing",
+    ],
+)
+def test_startup_failures_name_the_key_without_a_traceback(
+    tmp_path: Path, extra: str, code: int, message: str
+) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        values = {"busy": busy.getsockname()[1], "tmp": tmp_path}
+        config = tmp_path / "agent.yaml"
+        config.write_text(
+            "node: {name: n1, site: s1}\ninsecure: true\nlisten: 127.0.0.1:0\n"
+            f"state_dir: {tmp_path}/state\n" + extra.format(**values)
+        )
+        result = subprocess.run(
+            [sys.executable, "-m", "pdbridge.cli", "agent", "--config", str(config)],
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+            timeout=60,
+            check=False,
+        )
+    assert result.returncode == code, result.stderr
+    assert f"pdbridge agent: {message.format(**values)}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_heartbeats_back_off_while_console_fails_and_children_keep_running(
     agent_factory: Callable[..., AgentProc], tmp_path: Path, console: FakeConsole
 ) -> None:
@@ -145,6 +205,37 @@ def test_heartbeats_back_off_while_console_fails_and_children_keep_running(
         wait_for(lambda: len(console.heartbeats) >= count + 3, 10)  # recovers: back to interval_s
     finally:
         console.heartbeat_status = 200
+
+
+def test_heartbeats_back_off_exponentially_while_the_console_is_unreachable(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path
+) -> None:
+    config = agent_config(
+        tmp_path,
+        None,
+        console={
+            "url": f"http://127.0.0.1:{free_port()}",  # nothing listens: connection refused
+            "token": "t",
+            "heartbeat_interval_s": 0.1,
+            "backoff_max_s": 0.8,
+        },
+    )
+    agent = agent_factory(config)
+    request = pb.LaunchRequest(request_id="hb-2", name="hb", kind="decode-engine", engine="plain")
+    child = stub(agent, None).Launch(request, timeout=T).child
+
+    def retries() -> list[float]:
+        return [
+            event["retry_in_s"]
+            for line in agent.log_path.read_text().splitlines()
+            if line[:1] == "{" and (event := json.loads(line))["event"] == "agent.heartbeat_failed"
+        ]
+
+    delays = wait_for(lambda: len(retries()) >= 5 and retries(), 15)
+    assert delays[:5] == [0.2, 0.4, 0.8, 0.8, 0.8]  # doubling from the interval, capped
+    assert _value(_scrape(agent), "pdbridge_agent_heartbeat_failures_total") >= 5
+    now = stub(agent, None).Status(pb.StatusRequest(name="hb"), timeout=T).children[0]
+    assert (now.pid, now.state, now.healthy) == (child.pid, "running", True)
 
 
 def _scrape(agent: AgentProc) -> str:

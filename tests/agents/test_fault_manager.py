@@ -107,3 +107,40 @@ def test_start_restores_what_a_previous_agent_journalled(
     assert asyncio.run(scenario()) == 1
     assert [name for name, _, _ in Recording.calls] == ["restore"]
     assert json.loads((tmp_path / "faults.json").read_text()) == {"faults": []}
+
+
+def test_clear_whose_restore_fails_says_so_and_keeps_the_fault(manager: FaultManager) -> None:
+    async def scenario() -> tuple[FaultError, list[str]]:
+        await manager.start()
+        fault = await manager.inject("recording", "x", 30, {})
+        Recording.restore_failures = 1
+        with pytest.raises(FaultError) as err:
+            await manager.clear(fault.id)
+        still = list(manager.active)
+        await manager.clear(fault.id)  # the next try succeeds
+        await manager.close()
+        return err.value, still
+
+    error, still = asyncio.run(scenario())
+    assert error.code == "UNAVAILABLE"
+    assert str(error).startswith(f"id: restore failed for {still[0]} (mechanism: not yet)")
+    assert len(still) == 1
+    assert manager.active == {}
+
+
+@pytest.mark.parametrize(
+    "text", ["{not json", '{"faults": [{"id": "x", "shape": "of another version"}]}', "[1, 2]"]
+)
+def test_unreadable_journal_is_moved_aside_not_fatal(
+    manager: FaultManager, tmp_path: Path, text: str
+) -> None:
+    (tmp_path / "faults.json").write_text(text)
+
+    async def scenario() -> int:
+        restored = await manager.start()
+        await manager.close()
+        return restored
+
+    assert asyncio.run(scenario()) == 0
+    assert (tmp_path / "faults.json.unreadable").read_text() == text  # kept for an operator
+    assert not (tmp_path / "faults.json").exists()

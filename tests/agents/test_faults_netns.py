@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,22 +22,26 @@ from typing import Any
 import pytest
 
 from agents.proto.api import pb
-from tests.agents.conftest import AgentProc, agent_config, stub, wait_for
+from tests.agents.conftest import AgentProc, agent_config, free_port, stub, wait_for
 from tests.agents.test_grpc_api import T, settings
 from tests.support import unavailable
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
 LISTENER = """
-import socket, time
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("10.231.0.2", 9000)); s.listen(64); s.settimeout(1)
+import selectors, socket, time
+sel = selectors.DefaultSelector()
+for port in (9000, 9001):  # 9000 stands for the peer's kv-link port, 9001 for anything else
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("10.231.0.2", port)); s.listen(64); s.setblocking(False)
+    sel.register(s, selectors.EVENT_READ)
 end = time.time() + 180
 while time.time() < end:
-    try:
-        c, _ = s.accept(); c.close()
-    except OSError:
-        pass
+    for key, _ in sel.select(1):
+        try:
+            c, _ = key.fileobj.accept(); c.close()
+        except OSError:
+            pass
 """
 
 
@@ -46,11 +52,11 @@ class Sites:
     veth_a: str
     listener: subprocess.Popen[bytes]
 
-    def reachable(self) -> bool:
+    def reachable(self, port: int = 9000) -> bool:
         """One real TCP connect from site A to site B's listener (0.5 s timeout)."""
         code = subprocess.run(
             ["ip", "netns", "exec", self.ns_a, sys.executable, "-c",
-             "import socket; socket.create_connection(('10.231.0.2', 9000), timeout=0.5).close()"],
+             f"import socket; socket.create_connection(('10.231.0.2', {port}), timeout=0.5).close()"],
             capture_output=True, timeout=30, check=False,
         ).returncode  # fmt: skip
         return code == 0
@@ -141,6 +147,57 @@ def test_restarted_agent_restores_journalled_fault_within_5s(
     assert '"faults": []' in (Path(config["state_dir"]) / "faults.json").read_text()
 
 
+def _cut_then_kill9(
+    agent_factory: Callable[..., AgentProc], config: dict[str, Any], sites: Sites
+) -> None:
+    agent = agent_factory(config)
+    _inject(agent, "link_cut", 300)
+    agent.kill9()
+    assert not sites.reachable()
+
+
+def test_journalled_fault_is_restored_before_a_slow_accelerator_probe(
+    agent_factory: Callable[..., AgentProc],
+    tmp_path: Path,
+    sites: Sites,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = _config(tmp_path, sites)
+    _cut_then_kill9(agent_factory, config, sites)
+    # nvidia-smi can take seconds on a GPU node; the restore must not wait for it. (A stand-in
+    # on PATH: this machine has no GPU.)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "nvidia-smi").write_text("#!/bin/sh\nsleep 8\necho 'NVIDIA H200, 143771'\n")
+    (tools / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    started = time.monotonic()
+    with ThreadPoolExecutor(1) as pool:
+        second = pool.submit(agent_factory, config, "second")  # returns once it serves
+        wait_for(sites.reachable, 5)
+        assert time.monotonic() - started < 5
+        assert second.result(60).process.poll() is None
+    assert time.monotonic() - started >= 8  # it did wait for the probe, after the restore
+
+
+def test_journalled_fault_is_restored_even_when_the_start_then_fails(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path, sites: Sites
+) -> None:
+    config = _config(tmp_path, sites)
+    _cut_then_kill9(agent_factory, config, sites)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        proxies = {
+            "remote": {"listen": f"127.0.0.1:{busy.getsockname()[1]}", "upstream": "127.0.0.1:9"}
+        }
+        broken = _config(tmp_path, sites, proxies=proxies)
+        with pytest.raises(AssertionError, match="agent exited 1"):
+            agent_factory(broken, subdir="second")
+    assert sites.reachable()
+    assert '"faults": []' in (Path(config["state_dir"]) / "faults.json").read_text()
+
+
 def test_route_cut_and_clear(
     agent_factory: Callable[..., AgentProc], tmp_path: Path, sites: Sites
 ) -> None:
@@ -153,6 +210,33 @@ def test_route_cut_and_clear(
     )
     assert [f.id for f in cleared.cleared] == [fault.id]
     assert sites.reachable()
+
+
+def test_port_rule_cut_stops_only_the_kv_port_until_a_restarted_agent_restores_it(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path, sites: Sites
+) -> None:
+    config = _config(
+        tmp_path, sites, peers={"remote": {"addresses": ["10.231.0.2"], "ports": [9000]}}
+    )
+    agent = agent_factory(config)
+    fault = _inject(agent, "link_cut", 300)
+    assert fault.mechanism == "route"
+    assert not sites.reachable(9000)  # the KV port is cut...
+    assert sites.reachable(9001)  # ...the rest of the peer is not
+
+    def rules() -> str:
+        return subprocess.run(
+            ["ip", "-n", sites.ns_a, "rule", "show"], capture_output=True, text=True, check=True
+        ).stdout
+
+    assert rules().count("dport 9000 blackhole") == 1
+    agent.kill9()
+    assert not sites.reachable(9000)  # journalled, still in force without its agent
+    started = time.monotonic()
+    agent_factory(config, subdir="second")
+    wait_for(sites.reachable, 5)
+    assert time.monotonic() - started < 5
+    assert "dport 9000" not in rules()
 
 
 def test_link_degrade_shapes_and_shutdown_restores(
@@ -174,3 +258,15 @@ def test_link_degrade_shapes_and_shutdown_restores(
     assert "rate 5Mbit" in qdisc()
     assert agent.terminate() == 0  # graceful shutdown restores every fault
     assert "tbf" not in qdisc()
+
+
+def test_auto_degrade_shapes_in_the_kernel_and_sends_latency_to_the_proxy(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path, sites: Sites
+) -> None:
+    proxies = {"remote": {"listen": f"127.0.0.1:{free_port()}", "upstream": "127.0.0.1:9"}}
+    agent = agent_factory(_config(tmp_path, sites, proxies=proxies))
+    shaped = _inject(agent, "link_degrade", 60, rate_mbit=5)
+    assert shaped.mechanism == "tc"  # root and a WAN interface: the kernel
+    stub(agent, None).ClearFault(pb.ClearFaultRequest(request_id="c-2", id=shaped.id), timeout=T)
+    delayed = _inject(agent, "link_degrade", 60, latency_ms=50)
+    assert delayed.mechanism == "proxy"  # no netem here: latency only through the proxy

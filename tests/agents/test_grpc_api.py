@@ -4,6 +4,7 @@ idempotency, authentication, bad input, supervision and heartbeats."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -108,7 +109,14 @@ def test_launch_status_stop_restart(api: Any) -> None:
     status = api.Status(pb.StatusRequest(), timeout=T)
     assert status.node == "dec-1"
     assert status.site == "local"
-    assert [c.name for c in status.children if c.name == "pre-1"] == ["pre-1"]
+    (mine,) = [c for c in status.children if c.name == "pre-1"]
+    assert (mine.pid, mine.port, mine.healthy, mine.restarts) == (
+        restarted.pid,
+        restarted.port,
+        True,
+        1,
+    )
+    assert 0 < mine.uptime_s < status.uptime_s  # the child's since its (re)start, the agent's
 
     logs = api.Logs(pb.LogsRequest(name="pre-1", offset=0), timeout=T)
     assert b"healthserver pid=" in logs.data
@@ -236,13 +244,23 @@ def test_kill_9_of_child_restarts_it_healthy_within_10s(api: Any) -> None:
     api.Stop(pb.StopRequest(request_id=os.urandom(8).hex(), name="victim"), timeout=T)
 
 
-def test_crash_loop_ends_in_failed(api: Any) -> None:
+def test_crash_loop_ends_in_failed(api: Any, agent: AgentProc) -> None:
     child = launch(api, "looper", engine="crasher").child  # healthy, then exits every 0.6 s
     assert child.state == "running"
     failed = wait_for(lambda: (c := child_status(api, "looper")).state == "failed" and c, 30)
     assert failed.restarts == 2  # crash_loop_limit 3: the third crash is final
     assert failed.last_exit == "exit 3"
     assert failed.pid == 0
+    # Exponential backoff between the restarts: backoff_initial_s 0.2, doubled per crash.
+    events = [
+        json.loads(line) for line in agent.log_path.read_text().splitlines() if line[:1] == "{"
+    ]
+    delays = [
+        e["delay_s"]
+        for e in events
+        if e["event"] == "agent.child_backoff" and e["child"] == "looper"
+    ]
+    assert delays == [0.2, 0.4]
     restarted = api.Restart(
         pb.RestartRequest(request_id=os.urandom(8).hex(), name="looper"), timeout=T
     ).child
@@ -313,6 +331,15 @@ def test_fault_input_errors(api: Any) -> None:
     assert (
         inject(kind="engine_kill", target="x").details()
         == "duration_s: a fault needs an expiry: duration_s > 0"
+    )
+    assert (
+        inject(kind="engine_kill", target="x", duration_s=float("nan")).details()
+        == "duration_s: a fault needs an expiry: duration_s > 0"
+    )
+    assert (
+        inject(kind="engine_kill", target="x", duration_s=float("inf"))
+        .details()
+        .startswith("duration_s: at most")
     )
     assert (
         inject(kind="engine_kill", target="x", duration_s=10**6)
@@ -393,6 +420,37 @@ def test_heartbeats_follow_the_console_contract(api: Any, console: FakeConsole) 
     api.Stop(pb.StopRequest(request_id=os.urandom(8).hex(), name="beating"), timeout=T)
 
 
+def test_active_faults_are_reported_in_heartbeats_until_restored(
+    api: Any, console: FakeConsole
+) -> None:
+    launch(api, "drilled-beat")
+    fault = inject_fault(api, "engine_kill", "drilled-beat", 60)
+    wait_for(lambda: child_status(api, "drilled-beat").state == "held", 5)
+    since = len(console.heartbeats)  # beats from here on see the fault and the held child
+
+    def beat_with_fault() -> dict[str, Any] | None:
+        for beat in console.heartbeats[since:]:
+            if any(f["id"] == fault.id for f in beat["faults"]):
+                return beat
+        return None
+
+    beat = wait_for(beat_with_fault, 10)
+    reported = next(f for f in beat["faults"] if f["id"] == fault.id)
+    assert reported == {
+        "id": fault.id,
+        "kind": "engine_kill",
+        "target": "drilled-beat",
+        "expires_at": fault.expires_at,
+    }
+    child = next(c for c in beat["children"] if c["name"] == "drilled-beat")
+    assert child["state"] == "held"
+    api.ClearFault(pb.ClearFaultRequest(request_id=os.urandom(8).hex(), id=fault.id), timeout=T)
+    cleared_at = len(console.heartbeats)
+    wait_for(lambda: len(console.heartbeats) > cleared_at, 10)
+    assert all(f["id"] != fault.id for b in console.heartbeats[cleared_at:] for f in b["faults"])
+    api.Stop(pb.StopRequest(request_id=os.urandom(8).hex(), name="drilled-beat"), timeout=T)
+
+
 def test_metrics_endpoint_and_child_relay(api: Any, agent: AgentProc) -> None:
     launch(api, "measured")
     base = f"http://127.0.0.1:{agent.metrics_port}"
@@ -405,7 +463,23 @@ def test_metrics_endpoint_and_child_relay(api: Any, agent: AgentProc) -> None:
     snapshot = api.Metrics(pb.MetricsRequest(), timeout=T)
     assert "pdbridge_agent_requests_total" in snapshot.agent
     assert snapshot.child_urls["measured"] == f"{base}/children/measured/metrics"
+
+    api.Restart(pb.RestartRequest(request_id=os.urandom(8).hex(), name="measured"), timeout=T)
+    fault = inject_fault(api, "engine_kill", "measured", 60)
+    text = api.Metrics(pb.MetricsRequest(), timeout=T).agent
+    assert 'pdbridge_agent_child_restarts_total{child="measured"} 1.0' in text
+    assert 'pdbridge_agent_faults_active{kind="engine_kill"} 1.0' in text
+    restored = _sample(text, "pdbridge_agent_faults_restored_total")
+    api.ClearFault(pb.ClearFaultRequest(request_id=os.urandom(8).hex(), id=fault.id), timeout=T)
+    text = api.Metrics(pb.MetricsRequest(), timeout=T).agent
+    assert 'pdbridge_agent_faults_active{kind="engine_kill"} 0.0' in text
+    assert _sample(text, "pdbridge_agent_faults_restored_total") == restored + 1
     api.Stop(pb.StopRequest(request_id=os.urandom(8).hex(), name="measured"), timeout=T)
+
+
+def _sample(text: str, name: str) -> float:
+    (line,) = [line for line in text.splitlines() if line.startswith(name + " ")]
+    return float(line.split()[1])
 
 
 def test_probe_rejects_bad_input(api: Any) -> None:

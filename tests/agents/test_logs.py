@@ -1,10 +1,22 @@
-"""Rotating child logs read by offset across rotations."""
+"""Rotating child logs read by offset across rotations, alone and through a real agent."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 from agents.logs import RotatingLog
+from agents.proto.api import pb
+from tests.agents.conftest import HEALTHSERVER, AgentProc, agent_config, stub
+
+# Ten 2000-byte bursts of output, then the health server (exec: same process).
+CHATTY = [
+    "sh", "-c",
+    'for i in 0 1 2 3 4 5 6 7 8 9; do head -c 1999 /dev/zero | tr "\\0" "$i"; echo; '
+    'sleep 0.05; done; exec "$0" "$@"',
+    *HEALTHSERVER,
+]  # fmt: skip
 
 
 def test_offsets_survive_rotation(tmp_path: Path) -> None:
@@ -31,3 +43,27 @@ def test_reopen_continues_the_stream(tmp_path: Path) -> None:
     again.write(b"world\n")
     assert again.read(0, 100) == (b"hello\nworld\n", 0)
     again.close()
+
+
+def test_agent_rotates_a_childs_log_and_logs_pages_across_it(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path
+) -> None:
+    config = agent_config(
+        tmp_path,
+        None,
+        supervision={"log_max_bytes": 4000, "log_backups": 2},
+        engines={"chatty": {"argv": CHATTY}},
+    )
+    agent = agent_factory(config)
+    request = pb.LaunchRequest(request_id=os.urandom(8).hex(), name="talk", kind="decode-engine",
+                               engine="chatty")  # fmt: skip
+    stub(agent, None).Launch(request, timeout=60)
+    logs = agent.state_dir / "logs"
+    assert (logs / "talk.log.1").exists()  # 20 KB written, 4 KB per file: rotated...
+    assert not (logs / "talk.log.3").exists()  # ...keeping log_backups files
+    page = stub(agent, None).Logs(pb.LogsRequest(name="talk", offset=0), timeout=30)
+    assert page.start_offset > 0  # the oldest bytes were rotated away
+    assert page.offset == page.start_offset
+    assert b"healthserver pid=" in page.data  # the newest output is all there
+    on_disk = sum(p.stat().st_size for p in logs.glob("talk.log*"))
+    assert len(page.data) == on_disk

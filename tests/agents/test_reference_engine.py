@@ -1,5 +1,6 @@
 """The agent supervising the real reference engine (``pdbridge engine serve``) through the
-engines' adapter registry: launch, health, kill -9 of the engine, recovery."""
+engines' adapter registry: launch, health, kill -9 of the engine, recovery; and ``engine =
+vllm`` through the same registry with the node's own executable."""
 
 from __future__ import annotations
 
@@ -138,3 +139,43 @@ def test_bad_engine_settings_name_the_field(
             stub(agent, None).Launch(request, timeout=30)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert err.value.details() == message
+
+
+def test_vllm_engine_launches_through_the_node_only_executable(
+    agent_factory: Callable[..., AgentProc], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``engine = vllm`` through the agent: the command prefix comes from agent.yaml's
+    ``engine_executables`` (here the repo's recording vLLM stand-in; vLLM itself needs a GPU),
+    never from the wire."""
+    record = tmp_path / "record.json"
+    monkeypatch.setenv("FAKE_VLLM_RECORD", str(record))  # inherited by the agent, then the child
+    stand_in = Path(__file__).parent / "engines" / "fake_vllm.py"
+    agent = agent_factory(
+        agent_config(tmp_path, None, engine_executables={"vllm": [sys.executable, str(stand_in)]})
+    )
+
+    def launch(**values: Any) -> Any:
+        request = pb.LaunchRequest(
+            request_id=os.urandom(8).hex(),
+            name="dec-vllm",
+            kind="decode-engine",
+            engine="vllm",
+            settings=settings(**values),
+        )
+        return stub(agent, None).Launch(request, timeout=60)
+
+    with pytest.raises(grpc.RpcError) as err:
+        launch(model="/models/m", executable=["/bin/sh"])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (
+        err.value.details()
+        == "settings.executable: set on the node (agent.yaml), never over the wire"
+    )
+
+    child = launch(model="/models/m", served_model_name="m", host="127.0.0.1").child
+    assert (child.state, child.healthy, child.engine) == ("running", True, "vllm")
+    argv = json.loads(record.read_text())["argv"]
+    assert argv[:2] == ["serve", "/models/m"]
+    assert argv[argv.index("--port") + 1] == str(child.port)
+    with urllib.request.urlopen(child.metrics_url, timeout=10) as resp:  # noqa: S310
+        assert b"vllm:num_requests_waiting" in resp.read()

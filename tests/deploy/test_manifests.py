@@ -175,6 +175,7 @@ def test_dockerfile_copies_every_top_level_package():
 @pytest.mark.parametrize("site", ["local", "remote"])
 def test_agent_config_in_the_manifest_loads_with_the_agents_own_loader(site, tmp_path):
     from agents.config import load_config
+    from grpc_kv.certs import create_ca, create_node_cert
 
     config_map = next(
         doc
@@ -183,13 +184,14 @@ def test_agent_config_in_the_manifest_loads_with_the_agents_own_loader(site, tmp
     )
     path = tmp_path / "agent.yaml"
     path.write_text(config_map["data"]["agent.yaml"])
-    for name in ("ca.crt", "tls.crt", "tls.key"):
-        (tmp_path / name).write_text("placeholder")
+    # Real PEM material: the loader checks that the CA parses and the key matches the cert.
+    ca = create_ca(tmp_path / "ca")
+    node = create_node_cert(ca, tmp_path / "nodes", "gpu-node-1")
     environ = {
         "PDBRIDGE_AGENT__NODE__NAME": "gpu-node-1",
-        "PDBRIDGE_AGENT__TLS__CA": str(tmp_path / "ca.crt"),
-        "PDBRIDGE_AGENT__TLS__CERT": str(tmp_path / "tls.crt"),
-        "PDBRIDGE_AGENT__TLS__KEY": str(tmp_path / "tls.key"),
+        "PDBRIDGE_AGENT__TLS__CA": str(ca.ca_file),
+        "PDBRIDGE_AGENT__TLS__CERT": str(node.cert_file),
+        "PDBRIDGE_AGENT__TLS__KEY": str(node.key_file),
     }
 
     config = load_config(path, environ=environ)
