@@ -94,6 +94,42 @@ def test_token_obtained_with_password_authenticates(make_user, client):
     assert me.json()["role"] == "viewer"
 
 
+def test_browser_session_reaches_the_api_and_writes_need_the_csrf_token(make_user):
+    """Session auth (the browser): log in through the login page, then call the API with the
+    session cookie; a write without the CSRF token is refused, with it it goes through."""
+    from django.test import Client
+
+    make_user("operator", username="browser")
+    browser = Client(enforce_csrf_checks=True)
+    browser.get("/login/")
+    login = browser.post(
+        "/login/",
+        {
+            "username": "browser",
+            "password": "pw-for-tests-1",
+            "csrfmiddlewaretoken": browser.cookies["csrftoken"].value,
+        },
+    )
+    assert login.status_code == 302
+    body = {"name": "from-browser", "steps": [{"share_percent": 100}]}
+
+    me = browser.get("/api/me/")
+    refused = browser.post("/api/rollout-plans/", body, content_type="application/json")
+    accepted = browser.post(
+        "/api/rollout-plans/",
+        body,
+        content_type="application/json",
+        HTTP_X_CSRFTOKEN=browser.cookies["csrftoken"].value,
+    )
+
+    assert me.status_code == 200
+    assert me.json()["username"] == "browser"
+    assert refused.status_code == 403
+    assert "CSRF" in refused.json()["detail"]
+    assert accepted.status_code == 201, accepted.content
+    assert AuditLog.objects.get(object_type="rollouts.rolloutplan").actor_label == "browser"
+
+
 def test_wrong_password_gets_400_naming_no_secret(make_user, client):
     make_user("viewer", username="tok2")
 
