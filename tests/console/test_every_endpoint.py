@@ -738,6 +738,27 @@ def test_every_write_answers_hostile_bodies_with_a_4xx(w):
     assert failures == []
 
 
+def test_every_operation_on_an_unknown_id_is_a_404(w):
+    wrong, checked = [], 0
+    for (method, path), op in sorted(OPS.items()):
+        if "{id}" not in path:
+            continue
+        unknown = re.sub(r"\{w\.[a-z_]+\.pk\}", "999999", op.path)
+        api = APIClient()
+        if op.role == "node":
+            token = node_token_issue(actor=None, node=w.decode_node)
+            api.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+        else:
+            api = w.admin
+        status = _call(api, method, unknown, {}).status_code
+        checked += 1
+        if status != 404:
+            wrong.append((method, unknown, status))
+
+    assert checked > 60
+    assert wrong == []
+
+
 HOSTILE_QUERIES = [
     "page=abc",
     "page=" + HUGE,
