@@ -2,8 +2,9 @@
 map serves under /api/ (a new endpoint without a row fails ``test_the_table_lists_every_api_
 operation``). Each row is then called by every role: anonymous 401, an account without a role
 and each role below the one needed 403, the needed role its success status; a read is also
-answered to every role above. Write operations get hostile bodies and list operations hostile
-query strings: a 4xx, never a 500. Per-app tests check what the answers contain; this file
+answered to every role above, and a write must add to the audit log. Write operations get
+hostile bodies and list operations hostile query strings (a 4xx, never a 500), and every
+operation on an unknown id is a 404. Per-app tests check what the answers contain; this file
 checks that nothing is left out."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
 from console.alerts.services import alerts_evaluate, channel_create
+from console.core.models import AuditLog
 from console.core.services_users import user_create
 from console.deployments.services import deployment_transition
 from console.drills import services as drills
@@ -96,8 +98,6 @@ def w(world: Any, make_user: Any) -> Any:
     world.user = user_create(
         actor=None, username="someone", password="pw-for-tests-1", role="viewer"
     )
-    from console.core.models import AuditLog
-
     world.audit = AuditLog.objects.order_by("id").first()
     world.admin = APIClient()
     world.admin.force_authenticate(make_user("admin"))
@@ -343,7 +343,10 @@ OPS: dict[tuple[str, str], Op] = {
         "/api/pools/{w.prefill_pool.pk}/",
         "operator",
         200,
-        body=put_back("/api/pools/{w.prefill_pool.pk}/"),
+        body=lambda w: {
+            **put_back("/api/pools/{w.prefill_pool.pk}/")(w),
+            "engine_settings": {"tp": 4},
+        },
     ),
     ("PATCH", "/api/pools/{id}/"): Op(
         "/api/pools/{w.prefill_pool.pk}/",
@@ -656,6 +659,15 @@ def _clients(api_as: Any, make_user: Any) -> dict[str, APIClient]:
     return clients
 
 
+# POSTs that compute an answer and store nothing.
+COMPUTATIONS = {
+    ("POST", "/api/planner/evaluate/"),
+    ("POST", "/api/planner/kv-size/"),
+    ("POST", "/api/planner/scenarios/{id}/evaluate/"),
+    ("POST", "/api/tidal-schedules/{id}/what-if/"),
+}
+
+
 @pytest.mark.parametrize("key", sorted(OPS), ids=lambda k: f"{k[0]} {k[1]}")
 def test_every_operation_by_role(w, api_as, make_user, client, key):
     method, _ = key
@@ -690,9 +702,13 @@ def test_every_operation_by_role(w, api_as, make_user, client, key):
             assert response.status_code == 403, (name, response.content)
         allowed = [r for r in RANK if RANK[r] >= RANK[op.role]]
     # The needed role succeeds; a read is answered the same to every role above it.
+    audited = AuditLog.objects.count()
     for name in allowed if method == "GET" else allowed[:1]:
         response = _call(clients[name], method, path, body)
         assert response.status_code == op.status, (name, response.content)
+    # Every write is in the audit log; reads and computations are not.
+    if method != "GET" and key not in COMPUTATIONS:
+        assert AuditLog.objects.count() > audited
 
 
 HOSTILE_BODIES = [
