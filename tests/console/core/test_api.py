@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from console.core.models import AuditLog
@@ -182,6 +184,20 @@ def test_request_id_is_echoed_and_recorded(api_as):
 def test_schema_and_docs_are_served(api_as, client):
     assert client.get("/api/schema/").status_code == 200
     assert client.get("/api/docs/").status_code == 200
+
+
+@pytest.mark.parametrize("page", ["/api/docs/", "/api/redoc/"])
+def test_api_docs_pages_load_nothing_from_another_host(client, page):
+    """The sidecar serves Swagger UI and Redoc: a console without internet shows its docs."""
+    html = client.get(page).content.decode()
+    assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+
+    assert re.findall(r"https?://", html) == []
+    assert any(a.endswith(".js") for a in assets)
+    for asset in assets:
+        response = client.get(asset)
+        assert response.status_code == 200, asset
+        b"".join(response.streaming_content if response.streaming else [response.content])
 
 
 def test_healthz_reports_database(client):
