@@ -96,6 +96,12 @@ ALLOWED_HOSTS = (
 if PRODUCTION and not ALLOWED_HOSTS:
     raise ImproperlyConfigured("ALLOWED_HOSTS: required when PDBRIDGE_ENV=production")
 CSRF_TRUSTED_ORIGINS = _env_list("CSRF_TRUSTED_ORIGINS", [])
+for _origin in CSRF_TRUSTED_ORIGINS:
+    # Django only checks this later (system check 4_0), naming the setting, not the variable.
+    if "://" not in _origin:
+        raise ImproperlyConfigured(
+            f"CSRF_TRUSTED_ORIGINS: {_origin!r} needs a scheme (https://console.example)"
+        )
 
 _database_url = (
     _required("DATABASE_URL")
@@ -124,6 +130,21 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL") or (REDIS_URL or "filesy
 # kombu's own filesystem transport can hand a consumer a half-written message (the worker dies
 # on it); orchestrator.fsbroker writes each message whole, then renames it into place.
 TRANSPORT_ALIASES["filesystem"] = "orchestrator.fsbroker:Transport"
+
+
+def _url_scheme(url: str) -> str:
+    """``redis`` of ``redis://h``; ``db`` of ``db+postgresql://h`` (Celery's prefix form)."""
+    return url.split("://", 1)[0].split("+", 1)[0] if "://" in url else ""
+
+
+# Celery would only fail on a bad URL when a task is first sent, far from the cause; it also
+# accepts several broker URLs separated by ';' (failover).
+for _url in CELERY_BROKER_URL.split(";"):
+    if _url_scheme(_url.strip()) not in TRANSPORT_ALIASES:
+        raise ImproperlyConfigured(
+            f"CELERY_BROKER_URL: {_url.strip()!r} is not a broker URL kombu knows "
+            "(redis://, rediss://, amqp://, filesystem://, ...)"
+        )
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL == "filesystem://":
     _broker_dir = VAR_DIR / "celery" / "broker"
@@ -137,6 +158,14 @@ if CELERY_BROKER_URL == "filesystem://":
         "store_processed": False,
     }
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND") or (REDIS_URL or None)
+if CELERY_RESULT_BACKEND:
+    from celery.app.backends import BACKEND_ALIASES
+
+    if (_url_scheme(CELERY_RESULT_BACKEND) or CELERY_RESULT_BACKEND) not in BACKEND_ALIASES:
+        raise ImproperlyConfigured(
+            f"CELERY_RESULT_BACKEND: {CELERY_RESULT_BACKEND!r} is not a result backend Celery "
+            "knows (redis://, rpc://, db+postgresql://, ...)"
+        )
 CELERY_TASK_ALWAYS_EAGER = False
 # The console sends tasks by name (console/core/celery_client.py) to the same default queue
 # the workers consume (orchestrator/queues.py).
@@ -294,11 +323,17 @@ SPECTACULAR_SETTINGS = {
     },
 }
 
+LOG_LEVEL = os.environ.get("LOG_LEVEL", "INFO").upper()
+if LOG_LEVEL not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+    raise ImproperlyConfigured(
+        f"LOG_LEVEL: expected DEBUG, INFO, WARNING, ERROR or CRITICAL, got {LOG_LEVEL!r}"
+    )
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "INFO"}},
 }

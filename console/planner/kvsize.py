@@ -26,7 +26,13 @@ Per request of ``l`` tokens (the deployment guide's formulas):
   - 1) x dtype_bytes``, independent of ``l``;
 * ``conv`` (short convolution only): ``conv_dim x (conv_kernel - 1) x dtype_bytes``.
 
-``count`` may be replaced by explicit per-layer lists elsewhere; here a group is a count.
+A group says how many layers it has with ``count`` (default 1), or which ones with an explicit
+per-layer list ``indices`` (0-based positions in the model, as a model's config lists its layer
+types): ``{"kind": "full", "indices": [3, 7, 11, 15]}``. Either every group lists indices or
+none does; listed, the indices of all groups together are each layer exactly once
+(0 .. N-1), so the layout is the model's real order. ``count`` then follows from the list (a
+``count`` that disagrees is an error). The size formulas only need the counts; the order is
+kept (and hashed) because it is what the layer-by-layer KV manifest follows.
 """
 
 from __future__ import annotations
@@ -67,6 +73,45 @@ def _positive_int(value: Any, field: str, *, allow_zero: bool = False) -> int:
     return value
 
 
+def _layer_indices(value: Any, field: str) -> list[int]:
+    """An explicit per-layer list: distinct 0-based layer positions, returned sorted."""
+    if not isinstance(value, list) or not value:
+        raise ArchitectureError(field, "must be a non-empty list of layer positions")
+    indices = [_positive_int(v, f"{field}[{i}]", allow_zero=True) for i, v in enumerate(value)]
+    if len(set(indices)) != len(indices):
+        raise ArchitectureError(field, "lists a layer twice")
+    return sorted(indices)
+
+
+def _check_layer_order(groups: list[dict[str, Any]]) -> None:
+    """Listed indices: every group lists them, and together they are 0 .. N-1 once each."""
+    listed = ["indices" in g for g in groups]
+    if not any(listed):
+        return
+    if not all(listed):
+        first = listed.index(False)
+        raise ArchitectureError(
+            f"layers[{first}].indices",
+            "is required here: either every layer group lists its indices or none does",
+        )
+    owner: dict[int, int] = {}
+    for number, group in enumerate(groups):
+        for index in group["indices"]:
+            if index in owner:
+                raise ArchitectureError(
+                    f"layers[{number}].indices",
+                    f"layer {index} is already in layers[{owner[index]}]",
+                )
+            owner[index] = number
+    total = len(owner)
+    gaps = sorted(set(range(total)) - set(owner))
+    if gaps:
+        raise ArchitectureError(
+            "layers",
+            f"the indices of {total} layers must be 0 to {total - 1}; {gaps[0]} is missing",
+        )
+
+
 def validate_architecture(arch: Any) -> dict[str, Any]:
     """Check an architecture dict and return it normalised (defaults filled in).
 
@@ -88,14 +133,21 @@ def validate_architecture(arch: Any) -> dict[str, Any]:
         kind = group.get("kind")
         if kind not in LAYER_KINDS:
             raise ArchitectureError(f"{where}.kind", f"must be one of {', '.join(LAYER_KINDS)}")
-        known = {"kind", "count", *_REQUIRED[kind], *_OPTIONAL.get(kind, ())}
+        known = {"kind", "count", "indices", *_REQUIRED[kind], *_OPTIONAL.get(kind, ())}
         unknown = sorted(set(group) - known)
         if unknown:
             raise ArchitectureError(f"{where}.{unknown[0]}", f"is not a field of a {kind} layer")
-        item: dict[str, Any] = {
-            "kind": kind,
-            "count": _positive_int(group.get("count", 1), f"{where}.count"),
-        }
+        item: dict[str, Any] = {"kind": kind}
+        if "indices" in group:
+            item["indices"] = _layer_indices(group["indices"], f"{where}.indices")
+            count = len(item["indices"])
+            if "count" in group and _positive_int(group["count"], f"{where}.count") != count:
+                raise ArchitectureError(
+                    f"{where}.count", f"is {group['count']} but indices lists {count} layers"
+                )
+            item["count"] = count
+        else:
+            item["count"] = _positive_int(group.get("count", 1), f"{where}.count")
         for name in _REQUIRED[kind]:
             if name not in group:
                 raise ArchitectureError(f"{where}.{name}", f"is required for a {kind} layer")
@@ -106,6 +158,7 @@ def validate_architecture(arch: Any) -> dict[str, Any]:
         if kind in {"conv", "linear"} and item.get("conv_kernel", 1) < 1:
             raise ArchitectureError(f"{where}.conv_kernel", "must be >= 1")
         normalised.append(item)
+    _check_layer_order(normalised)
     return {
         "dtype_bytes": dtype_bytes,
         "state_dtype_bytes": state_dtype_bytes,

@@ -41,6 +41,18 @@ def _import_settings(**env):
             {"PDBRIDGE_ENV": "test", "PDBRIDGE_HEARTBEAT_MISSED_LIMIT": "0"},
             "PDBRIDGE_HEARTBEAT_MISSED_LIMIT",
         ),
+        ({"PDBRIDGE_ENV": "test", "CELERY_BROKER_URL": "nosuchbroker://x"}, "CELERY_BROKER_URL"),
+        ({"PDBRIDGE_ENV": "test", "CELERY_BROKER_URL": "localhost:6379"}, "CELERY_BROKER_URL"),
+        (
+            {"PDBRIDGE_ENV": "test", "CELERY_BROKER_URL": "redis://a;bogus://b"},
+            "CELERY_BROKER_URL",
+        ),
+        ({"PDBRIDGE_ENV": "test", "CELERY_RESULT_BACKEND": "nosuch://x"}, "CELERY_RESULT_BACKEND"),
+        ({"PDBRIDGE_ENV": "test", "LOG_LEVEL": "LOUD"}, "LOG_LEVEL"),
+        (
+            {"PDBRIDGE_ENV": "test", "CSRF_TRUSTED_ORIGINS": "console.example"},
+            "CSRF_TRUSTED_ORIGINS",
+        ),
     ],
 )
 def test_bad_environment_names_the_variable(env, variable):
@@ -49,6 +61,21 @@ def test_bad_environment_names_the_variable(env, variable):
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr
     assert f"{variable}:" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"CELERY_BROKER_URL": "redis://h:6379/0;redis://h2:6379/0"},
+        {"CELERY_BROKER_URL": "amqp://guest@h//", "CELERY_RESULT_BACKEND": "rpc://"},
+        {"CELERY_RESULT_BACKEND": "db+postgresql://u@h/db"},
+        {"LOG_LEVEL": "debug", "CSRF_TRUSTED_ORIGINS": "https://console.example"},
+    ],
+)
+def test_valid_celery_logging_and_origin_values_start(env):
+    result = _import_settings(PDBRIDGE_ENV="test", **env)
+
+    assert result.returncode == 0, result.stderr
 
 
 def test_production_settings_accept_a_complete_environment():

@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.core.api.base import ServiceModelViewSet
+from console.core.api.pagination import StandardPagination
 from console.core.choices import Role
 from console.planner import services
 from console.planner.api.serializers import (
@@ -105,7 +106,10 @@ class PresetsView(PlannerView):
 
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request: Request) -> Response:
-        return Response({"results": preset_list()})
+        # Paginated like every other list, so clients read every list the same way.
+        paginator = StandardPagination()
+        page = paginator.paginate_queryset(preset_list(), request, view=self)
+        return paginator.get_paginated_response(page)
 
 
 class PlannerScenarioViewSet(ServiceModelViewSet):

@@ -52,6 +52,18 @@ def test_create_computes_the_architecture_hash(api_as):
         ),
         ({"architecture": {"layers": [{"kind": "quantum"}]}}, "architecture", "layers[0].kind"),
         ({"architecture": [1, 2]}, "architecture", ""),
+        (
+            {
+                "architecture": {
+                    "layers": [
+                        {"kind": "full", "kv_heads": 1, "head_dim": 8, "indices": [0, 2]},
+                        {"kind": "conv", "conv_dim": 8, "conv_kernel": 3, "indices": [2]},
+                    ]
+                }
+            },
+            "architecture",
+            "layers[1].indices: layer 2 is already in layers[0]",
+        ),
         ({"weights_sha256": "xyz"}, "weights_sha256", ""),
         ({"weights_sha256": "A" * 64}, "weights_sha256", ""),
         ({"parameter_count": 0}, "parameter_count", ""),
@@ -65,6 +77,23 @@ def test_invalid_model_is_400_naming_the_field(api_as, body, field, fragment):
     assert response.status_code == 400
     assert field in response.json()
     assert fragment in str(response.json()[field])
+
+
+def test_a_model_may_list_which_layer_is_which(api_as):
+    arch = {
+        "layers": [
+            {"kind": "linear", "num_heads": 2, "key_head_dim": 8, "value_head_dim": 8,
+             "indices": [0, 1, 2]},
+            {"kind": "full", "kv_heads": 1, "head_dim": 8, "indices": [3]},
+        ]
+    }  # fmt: skip
+    response = api_as("admin").post("/api/models/", {**GOOD, "architecture": arch}, format="json")
+
+    assert response.status_code == 201, response.content
+    assert [g["count"] for g in response.json()["architecture"]["layers"]] == [3, 1]
+    sized = api_as("viewer").get(f"/api/models/{response.json()['id']}/kv-size/?tokens=100")
+    assert sized.status_code == 200
+    assert sized.json()["results"][0]["kv_bytes"] == kv_bytes(arch, 100)
 
 
 def test_missing_architecture_is_400(api_as):

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from console.core.models import AuditLog
@@ -94,6 +96,42 @@ def test_token_obtained_with_password_authenticates(make_user, client):
     assert me.json()["role"] == "viewer"
 
 
+def test_browser_session_reaches_the_api_and_writes_need_the_csrf_token(make_user):
+    """Session auth (the browser): log in through the login page, then call the API with the
+    session cookie; a write without the CSRF token is refused, with it it goes through."""
+    from django.test import Client
+
+    make_user("operator", username="browser")
+    browser = Client(enforce_csrf_checks=True)
+    browser.get("/login/")
+    login = browser.post(
+        "/login/",
+        {
+            "username": "browser",
+            "password": "pw-for-tests-1",
+            "csrfmiddlewaretoken": browser.cookies["csrftoken"].value,
+        },
+    )
+    assert login.status_code == 302
+    body = {"name": "from-browser", "steps": [{"share_percent": 100}]}
+
+    me = browser.get("/api/me/")
+    refused = browser.post("/api/rollout-plans/", body, content_type="application/json")
+    accepted = browser.post(
+        "/api/rollout-plans/",
+        body,
+        content_type="application/json",
+        HTTP_X_CSRFTOKEN=browser.cookies["csrftoken"].value,
+    )
+
+    assert me.status_code == 200
+    assert me.json()["username"] == "browser"
+    assert refused.status_code == 403
+    assert "CSRF" in refused.json()["detail"]
+    assert accepted.status_code == 201, accepted.content
+    assert AuditLog.objects.get(object_type="rollouts.rolloutplan").actor_label == "browser"
+
+
 def test_wrong_password_gets_400_naming_no_secret(make_user, client):
     make_user("viewer", username="tok2")
 
@@ -146,6 +184,20 @@ def test_request_id_is_echoed_and_recorded(api_as):
 def test_schema_and_docs_are_served(api_as, client):
     assert client.get("/api/schema/").status_code == 200
     assert client.get("/api/docs/").status_code == 200
+
+
+@pytest.mark.parametrize("page", ["/api/docs/", "/api/redoc/"])
+def test_api_docs_pages_load_nothing_from_another_host(client, page):
+    """The sidecar serves Swagger UI and Redoc: a console without internet shows its docs."""
+    html = client.get(page).content.decode()
+    assets = re.findall(r'(?:src|href)="([^"]+)"', html)
+
+    assert re.findall(r"https?://", html) == []
+    assert any(a.endswith(".js") for a in assets)
+    for asset in assets:
+        response = client.get(asset)
+        assert response.status_code == 200, asset
+        b"".join(response.streaming_content if response.streaming else [response.content])
 
 
 def test_healthz_reports_database(client):

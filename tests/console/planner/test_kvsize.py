@@ -123,3 +123,62 @@ def test_architecture_hash_is_stable_under_key_order_and_defaults():
 
     assert architecture_hash(a) == architecture_hash(b)
     assert architecture_hash(a) != architecture_hash(DENSE)
+
+
+# --- explicit per-layer lists ----------------------------------------------------------------
+
+# Qwen3-Next style: every fourth layer is full attention, the others linear (12 layers).
+LINEAR = {"kind": "linear", "num_heads": 4, "key_head_dim": 8, "value_head_dim": 8}
+FULL = {"kind": "full", "kv_heads": 2, "head_dim": 16}
+
+
+def test_per_layer_indices_size_like_counts_and_keep_the_order():
+    by_count = {"layers": [{**FULL, "count": 3}, {**LINEAR, "count": 9}]}
+    by_index = {
+        "layers": [
+            {**LINEAR, "indices": [0, 1, 2, 4, 5, 6, 8, 9, 10]},
+            {**FULL, "indices": [11, 3, 7]},
+        ]
+    }
+
+    normalised = validate_architecture(by_index)
+
+    assert [g["count"] for g in normalised["layers"]] == [9, 3]
+    assert normalised["layers"][1]["indices"] == [3, 7, 11]
+    for tokens in (0, 1000, 32768):
+        assert kv_size(by_index, tokens) == kv_size(by_count, tokens)
+    # Where the layers sit is part of the model's identity (the KV manifest follows it).
+    moved = {
+        "layers": [
+            {**LINEAR, "indices": [1, 2, 3, 4, 5, 6, 8, 9, 10]},
+            {**FULL, "indices": [0, 7, 11]},
+        ]
+    }
+    assert architecture_hash(moved) != architecture_hash(by_index)
+    assert architecture_hash(by_count) != architecture_hash(by_index)
+
+
+@pytest.mark.parametrize(
+    ("layers", "field", "fragment"),
+    [
+        ([{**FULL, "indices": []}], "layers[0].indices", "non-empty"),
+        ([{**FULL, "indices": "0,1"}], "layers[0].indices", "non-empty"),
+        ([{**FULL, "indices": [0, -1]}], "layers[0].indices[1]", ">= 0"),
+        ([{**FULL, "indices": [0, 1.5]}], "layers[0].indices[1]", "integer"),
+        ([{**FULL, "indices": [0, 0]}], "layers[0].indices", "twice"),
+        ([{**FULL, "indices": [0, 1], "count": 3}], "layers[0].count", "lists 2"),
+        ([{**FULL, "indices": [0]}, {**LINEAR, "count": 2}], "layers[1].indices", "every"),
+        (
+            [{**FULL, "indices": [0, 1]}, {**LINEAR, "indices": [1]}],
+            "layers[1].indices",
+            "layers[0]",
+        ),
+        ([{**FULL, "indices": [0, 1]}, {**LINEAR, "indices": [3]}], "layers", "2 is missing"),
+    ],
+)
+def test_bad_per_layer_indices_name_the_field(layers, field, fragment):
+    with pytest.raises(ArchitectureError) as excinfo:
+        validate_architecture({"layers": layers})
+
+    assert excinfo.value.field == field
+    assert fragment in excinfo.value.message
