@@ -13,6 +13,9 @@ Contract:
   unreachable engine (``False`` / empty dict), since an agent polls them.
 * ``stop(grace_s)``: SIGTERM, then SIGKILL after the grace period; blocking; returns the exit
   code.
+* ``start_in_process()`` / ``stop_in_process()``: coroutines serving the same spec inside the
+  caller's event loop (no process start: tests, the embedded demo). Only engines that can run
+  in a Python process offer it (the reference engine); others raise ``AdapterError``.
 
 The registry maps a name to ``module:Class`` and imports on first use, so a node without vLLM
 installed never imports it (vLLM's KV connector factory has the same shape).
@@ -180,6 +183,15 @@ class EngineAdapter(ABC):
                 return True
             await asyncio.sleep(poll_s)
         return False
+
+    async def start_in_process(self) -> dict[str, Any]:
+        """Serve the spec inside the running event loop; returns the engine's ready line (with
+        the bound port, also written to ``spec.port`` when it was 0)."""
+        raise AdapterError(f"engine: {self.name} runs only as its own process (use start())")
+
+    async def stop_in_process(self) -> None:
+        """Stop what ``start_in_process`` started (in-flight requests end)."""
+        return  # an adapter that cannot start in process has nothing to stop
 
     def stop(self, grace_s: float = 10.0) -> int | None:
         proc = self.process

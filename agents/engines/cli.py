@@ -17,6 +17,7 @@ import logging
 import signal
 import ssl
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -156,19 +157,23 @@ def link_options(args: argparse.Namespace) -> Any:
     return kv.LinkOptions(**link)
 
 
-def serve(argv: list[str]) -> int:
-    args = _serve_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    if not args.ssl_certfile and not args.insecure and not _is_loopback(args.host):
-        print(
-            "--host: plaintext on a non-loopback address needs --insecure (or --ssl-certfile)",
-            file=sys.stderr,
-        )
-        return 2
-    if args.chunked_prefill_tokens < 1 or args.max_num_seqs < 1 or args.threads < 1:
-        print("--chunked-prefill-tokens, --max-num-seqs, --threads: must be >= 1", file=sys.stderr)
-        return 2
+class ServeError(Exception):
+    """A start-up failure of the reference engine; the message names the option."""
 
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse option combinations before anything loads (ServeError)."""
+    if not args.ssl_certfile and not args.insecure and not _is_loopback(args.host):
+        raise ServeError(
+            "--host: plaintext on a non-loopback address needs --insecure (or --ssl-certfile)"
+        )
+    if args.chunked_prefill_tokens < 1 or args.max_num_seqs < 1 or args.threads < 1:
+        raise ServeError("--chunked-prefill-tokens, --max-num-seqs, --threads: must be >= 1")
+
+
+def load_models(args: argparse.Namespace) -> dict[str, Any]:
+    """Every ``--model``, loaded and hash-checked (blocking: seconds of CPU). Also pins torch's
+    thread count, which is process-wide (``--threads``)."""
     from agents.engines.reference import zoo
     from agents.engines.reference.runner import set_threads
 
@@ -189,17 +194,52 @@ def serve(argv: list[str]) -> int:
                 path, name=name, dtype=dtype, expect_sha256=expected.get(name, expected.get("*"))
             )
     except zoo.ModelError as exc:
-        print(f"pdbridge engine serve: {exc}", file=sys.stderr)
-        return 2
+        raise ServeError(f"pdbridge engine serve: {exc}") from exc
+    return models
+
+
+def ssl_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    """The HTTP server's TLS context (None: plaintext); ServeError naming the options."""
     try:
-        ctx = _ssl_context(args)
+        return _ssl_context(args)
     except (OSError, ssl.SSLError) as exc:
-        print(f"--ssl-certfile/--ssl-keyfile/--ssl-ca-certs: {exc}", file=sys.stderr)
+        raise ServeError(f"--ssl-certfile/--ssl-keyfile/--ssl-ca-certs: {exc}") from exc
+
+
+def serve(argv: list[str]) -> int:
+    args = _serve_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        check_args(args)
+        models = load_models(args)
+        ctx = ssl_context(args)
+    except ServeError as exc:
+        print(exc, file=sys.stderr)
         return 2
     return asyncio.run(_run(args, models, ctx))
 
 
-async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLContext | None) -> int:
+@dataclass
+class Serving:
+    """A started engine: its ready line (``port`` is the bound one) and what ``close`` stops."""
+
+    ready: dict[str, Any]
+    runner: Any
+    links: LinkPool | None
+
+    async def close(self) -> None:
+        """Stop the HTTP site (in-flight requests end), then the KV links."""
+        await self.runner.cleanup()
+        if self.links is not None:
+            await self.links.close()
+
+
+async def start_serving(
+    args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLContext | None
+) -> Serving:
+    """Start the engine (HTTP site, KV receiver and link pool) in the running event loop and
+    return at once: ``pdbridge engine serve`` and the reference adapter's in-process start
+    share it. Raises ServeError naming the option."""
     from aiohttp import web
 
     from agents.engines.reference.server import EngineSettings, ReferenceEngine
@@ -237,14 +277,10 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
             options = link_options(args)
             kv_checksum = options.checksum.value
         except ValueError as exc:
-            print(f"pdbridge engine serve: {exc}", file=sys.stderr)
-            return 2
-        links = LinkPool(options, tls)
-        open_sender = sender_factory(asyncio.get_running_loop(), links)
+            raise ServeError(f"pdbridge engine serve: {exc}") from exc
         if args.kv_listen:
             if receiver is not None:
-                print("--kv-listen and --kv-spool: choose one receiver", file=sys.stderr)
-                return 2
+                raise ServeError("--kv-listen and --kv-spool: choose one receiver")
             try:
                 # A decode engine told not to verify KV (the deployment's checksum: false)
                 # accepts unverified transfers; any other refuses them.
@@ -254,8 +290,9 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
                     kv.ReceiverOptions(accept_unverified=options.checksum is kv.Checksum.NONE),
                 )
             except (RuntimeError, ValueError, OSError) as exc:
-                print(f"--kv-listen: {exc}", file=sys.stderr)
-                return 2
+                raise ServeError(f"--kv-listen: {exc}") from exc
+        links = LinkPool(options, tls)
+        open_sender = sender_factory(asyncio.get_running_loop(), links)
     settings = EngineSettings(
         role=args.role,
         chunked_prefill_tokens=args.chunked_prefill_tokens,
@@ -266,14 +303,15 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
     runner = web.AppRunner(engine.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port, ssl_context=ctx)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        if links is not None:
+            await links.close()
+        raise ServeError(f"--host/--port: {exc}") from exc
     server = getattr(site, "_server", None)
     port = server.sockets[0].getsockname()[1] if server and server.sockets else args.port
-    # The models, modules and tensors loaded so far live as long as the process: kept out of
-    # the collector, a full collection (grpc_kv runs one after a broken transfer to free its
-    # connections) walks only the in-flight requests' objects instead of the whole heap.
-    gc.collect()
-    gc.freeze()
     ready = {
         "event": "engine_ready",
         "host": args.host,
@@ -284,16 +322,28 @@ async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLCon
         # "none" is the diagnostic mode (--no-verify-kv-digests): say so where operators look.
         "kv_checksum": kv_checksum,
     }
-    print(json.dumps(ready), flush=True)
+    return Serving(ready, runner, links)
+
+
+async def _run(args: argparse.Namespace, models: dict[str, Any], ctx: ssl.SSLContext | None) -> int:
+    try:
+        serving = await start_serving(args, models, ctx)
+    except ServeError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    # The models, modules and tensors loaded so far live as long as the process: kept out of
+    # the collector, a full collection (grpc_kv runs one after a broken transfer to free its
+    # connections) walks only the in-flight requests' objects instead of the whole heap.
+    gc.collect()
+    gc.freeze()
+    print(json.dumps(serving.ready), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("engine_stopping", extra={"port": port})
-    await runner.cleanup()
-    if links is not None:
-        await links.close()
+    log.info("engine_stopping", extra={"port": serving.ready["port"]})
+    await serving.close()
     return 0
 
 

@@ -151,6 +151,12 @@ def compare(
     return True, steps, min(len(ld), len(rd)) if checked else 0, None
 
 
+def _token_ids(resp: dict[str, Any]) -> list[Any]:
+    """The first choice's output token ids ([] when the engine did not return them)."""
+    choices = resp.get("choices") or [{}]
+    return list(choices[0].get("token_ids") or [])
+
+
 async def _post(session: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
     async with session.post(url, json=body) as resp:
         data = await resp.json(content_type=None)
@@ -193,7 +199,12 @@ async def verify_prompt(
         "max_tokens": max_tokens,
         "temperature": 0,
         "ignore_eos": True,
+        # vLLM (>= 0.10.2) returns token ids only when asked; the reference engine always does.
+        "return_token_ids": True,
     }
+    if logprobs:
+        # Where no logits digests exist (vLLM) the per-step top-k logprobs stand in for them.
+        base["logprobs"] = logprobs
     tid = f"verify-{uuid.uuid4().hex}"
     timings: dict[str, float] = {}
     try:
@@ -232,6 +243,22 @@ async def verify_prompt(
         timings["local_s"] = time.monotonic() - t0
     except (aiohttp.ClientError, RuntimeError, TimeoutError) as exc:
         return PromptResult(length, 0, False, 0, 0, None, None, timings, str(exc))
+    missing = [n for n, r in (("remote", dec), ("local", local)) if not _token_ids(r)]
+    if missing:
+        # Nothing to compare is not a match: an engine that omits token ids (vLLM before
+        # 0.10.2) would otherwise pass every prompt with zero tokens compared.
+        return PromptResult(
+            length,
+            int((local.get("usage") or {}).get("prompt_tokens") or 0),
+            False,
+            0,
+            0,
+            None,
+            (dec.get("pdbridge") or {}).get("path"),
+            timings,
+            f"no token ids in the {' and '.join(missing)} response: cannot compare "
+            "(vLLM needs >= 0.10.2 for return_token_ids)",
+        )
     for name, resp in (("remote", dec), ("local", local), ("prefill", pre)):
         for k, v in (resp.get("pdbridge") or {}).get("timings", {}).items():
             timings[f"{name}_{k}"] = v

@@ -271,16 +271,29 @@ def load_model(
     meta_path = path / META_FILE
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
     extra = {"gguf_file": gguf_file} if gguf_file else {}
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path, dtype=DTYPES[dtype], **extra
-    ).eval()
+    # transformers reports an unusable checkpoint (unknown model type, broken config, missing
+    # tokenizer files) with OSError/ValueError/KeyError from deep inside; the engine must say
+    # which directory and why, and exit cleanly instead of with a traceback.
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path, dtype=DTYPES[dtype], **extra
+        ).eval()
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"model: {path} cannot be loaded as a causal LM: {exc}") from exc
     tokenizer: Tokenizer
     if meta.get("tokenizer") == "byte":
         tokenizer = ByteTokenizer()
     else:
         from agents.engines.reference.tokenizer import HFTokenizer
 
-        tokenizer = HFTokenizer(path, gguf_file)
+        try:
+            tokenizer = HFTokenizer(path, gguf_file)
+        except (OSError, ValueError, KeyError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelError(
+                f"model: {path} has no tokenizer transformers can load offline ({first}); a "
+                "checkpoint directory needs its own tokenizer files (tokenizer.json, ...)"
+            ) from exc
     text_config = model.config.get_text_config(decoder=True)
     max_len = int(getattr(text_config, "max_position_embeddings", MAX_MODEL_LEN))
     return LoadedModel(

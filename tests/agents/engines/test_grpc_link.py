@@ -17,12 +17,15 @@ from tests.agents.engines.conftest import ARCHS
 from tests.support import subprocess_env
 
 
-@pytest.mark.parametrize("model", [*ARCHS, "qwen3-next-bf16", "gemma3-bf16"])
-def test_remote_prefill_over_grpc_kv_matches_local(engine_pair, grpc_decode, model):
+@pytest.mark.parametrize("length", [100, 333])
+@pytest.mark.parametrize("model", [*ARCHS, *(f"{a}-bf16" for a in ARCHS)])
+def test_remote_prefill_over_grpc_kv_matches_local(engine_pair, grpc_decode, model, length):
+    """Every architecture in fp32 and bf16, prompts over the sliding window and not multiples
+    of the chunk (several full-attention chunks streamed while prefill computes)."""
     prefill, _ = engine_pair
     body = {
         "model": model,
-        "prompt": make_prompt(333, seed=3),
+        "prompt": make_prompt(length, seed=3),
         "max_tokens": 10,
         "temperature": 0,
         "ignore_eos": True,
@@ -34,6 +37,7 @@ def test_remote_prefill_over_grpc_kv_matches_local(engine_pair, grpc_decode, mod
     _, _, local = post(f"{grpc_decode.url}/v1/completions", body)
 
     assert (s1, s2) == (200, 200), (pre, remote)
+    assert local["usage"]["prompt_tokens"] == length
     assert headers["x-pdbridge-path"] == "remote"
     assert pre["kv_transfer_params"]["bytes"] > 0
     assert pre["kv_transfer_params"]["chunks"] >= 1

@@ -194,6 +194,8 @@ def test_models_health_and_metrics_endpoints(engine_pair):
         "vllm:time_to_first_token_seconds_bucket",
         "vllm:inter_token_latency_seconds_bucket",
         "vllm:e2e_request_latency_seconds_bucket",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
     ):
         assert name in text
 

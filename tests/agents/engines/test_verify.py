@@ -1,20 +1,28 @@
 """Verification can fail: a transfer corrupted in flight, with integrity checks off, is caught
 as a mismatch at the first divergent step; with the digests on it is refused outright.
 
-The corruption is injected between the prefill engine's spool and the decode engine's (one
-flipped byte in a full-attention layer's KV), playing the part of a faulty link."""
+The corruption is injected by grpc_kv's fault proxy on the KV link (one flipped byte in a
+full-attention layer's KV, checksums off), and between the prefill engine's spool and the
+decode engine's, playing the part of a faulty link."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agents.engines.verify import compare, make_prompt
+from grpc_kv.faultproxy import Flip
 from tests.agents.engines.client import decode_leg, post, prefill_leg
-from tests.agents.engines.conftest import EngineProc, engine_args, start_engine
+from tests.agents.engines.conftest import CHUNK, EngineProc, engine_args, start_engine
+from tests.agents.engines.test_faults import ProxyThread
+from tests.support import subprocess_env
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +43,107 @@ def unchecked_decode(models_dir, tmp_path_factory) -> EngineProc:
     engine.spool = spool  # type: ignore[attr-defined]
     yield engine
     engine.stop()
+
+
+@pytest.fixture(scope="module")
+def unchecked_link(models_dir, tmp_path_factory) -> Iterator[tuple[EngineProc, EngineProc]]:
+    """A prefill and a decode engine joined by a plaintext grpc_kv link with checksums off and
+    raw chunks (a deployment's ``checksum: false``): over TLS a flipped byte fails the record's
+    MAC and compressed chunks fail to decode, so silent corruption needs this link."""
+    logs = tmp_path_factory.mktemp("logs-unchecked-link")
+    common = [*engine_args(models_dir, ["qwen3-next=qwen3-next"]), "--no-verify-kv-digests"]
+    decode = start_engine(
+        [*common, "--role", "decode", "--kv-listen", "127.0.0.1:0", "--kv-insecure"],
+        logs / "decode.log",
+    )
+    try:
+        prefill = start_engine(
+            [*common, "--role", "prefill", "--kv-insecure", "--kv-compression", "none"],
+            logs / "prefill.log",
+        )
+    except BaseException:
+        decode.stop()
+        raise
+    yield prefill, decode
+    prefill.stop()
+    decode.stop()
+
+
+def _kv_bytes_of_token(models_dir: Path, prompt: str, token: int) -> bytes:
+    """16 bytes of the full-attention layer's keys at prompt position ``token``, computed here
+    the way the engines do (one thread, the engines' chunk): what the proxy must find on the
+    wire so that its flip lands in KV data, never in framing."""
+    from agents.engines.reference import kvstate, zoo
+    from agents.engines.reference.runner import Runner, set_threads
+
+    set_threads(1)
+    lm = zoo.load_model(zoo.resolve_model("qwen3-next", models_dir), name="qwen3-next")
+    ids = lm.tokenizer.encode(prompt)
+    cache, logits = Runner(lm, CHUNK).prefill(ids)
+    _, segments = kvstate.export_cache(cache, len(ids), logits)
+    per_token = len(segments["L3.k"]) // len(ids)
+    start = token * per_token + per_token // 4
+    return segments["L3.k"][start : start + 16]
+
+
+def test_verify_catches_a_byte_flipped_by_the_fault_proxy_with_checksums_off(
+    unchecked_link, models_dir, tmp_path
+):
+    """Deployment step 7's proof that the check can fail: ``pdbridge verify`` through a KV link
+    that flips one byte of KV data and verifies nothing reports a mismatch (exit 1) at the
+    first step that reads the damaged KV; the engines themselves noticed nothing."""
+    prefill, decode = unchecked_link
+    assert prefill.ready["kv_checksum"] == "none"
+    proxy = ProxyThread(decode.ready["kv_listen"])
+    out = tmp_path / "report.json"
+    try:
+        pattern = _kv_bytes_of_token(models_dir, make_prompt(200, 0), 100)
+        flip = proxy.call(proxy.proxy.add, Flip(direction="upstream", pattern=pattern, limit=1))
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pdbridge.cli",
+                "verify",
+                "--prefill",
+                prefill.url,
+                "--decode",
+                decode.url,
+                "--model",
+                "qwen3-next",
+                "--kv-destination",
+                proxy.address,
+                "--lengths",
+                "200",
+                "--max-tokens",
+                "8",
+                "--deadline-s",
+                "20",
+                "--output",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=subprocess_env(),
+            check=False,
+        )
+        flipped = flip.flipped
+    finally:
+        proxy.close()
+
+    assert flipped == 1
+    assert result.returncode == 1, result.stderr
+    report = json.loads(out.read_text())
+    [prompt] = report["prompts"]
+    assert report["ok"] is False
+    assert prompt["error"] is None
+    assert prompt["remote_path"] == "remote"  # imported and served: nothing on the way noticed
+    assert prompt["match"] is False
+    divergence = prompt["first_divergence"]
+    assert divergence["step"] == 1  # step 0's logits were shipped; step 1 reads the KV
+    assert divergence["position"] == 201
+    assert divergence["kind"] in {"token", "logits"}
 
 
 def _prefill_and_corrupt(prefill: EngineProc, staging: Path, body: dict, segment: str) -> str:

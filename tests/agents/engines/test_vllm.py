@@ -168,3 +168,103 @@ def test_missing_executable_is_a_clear_error():
 
     with pytest.raises(AdapterError, match="executable"):
         adapter.start()
+
+
+@pytest.fixture
+def stand_ins(tmp_path: Path):
+    """Start a prefill and a decode stand-in (``env``: extra variables of the decode one);
+    yields a starter returning both adapters and the decode one's record file."""
+    started: list[VllmAdapter] = []
+
+    def start(**decode_env: str) -> tuple[VllmAdapter, VllmAdapter, Path]:
+        stand_in = [sys.executable, str(Path(__file__).with_name("fake_vllm.py"))]
+        pair = []
+        for role, env in (("prefill", {}), ("decode", decode_env)):
+            record = tmp_path / f"{role}.json"
+            spec = _spec(
+                role=role,
+                port=free_port(),
+                executable=stand_in,
+                env={"FAKE_VLLM_RECORD": str(record), **env},
+            )
+            adapter = VllmAdapter(spec)
+            adapter.start()
+            started.append(adapter)
+            assert asyncio.run(adapter.wait_ready(timeout_s=30))
+            pair.append(adapter)
+        return pair[0], pair[1], tmp_path / "decode.json"
+
+    yield start
+    for adapter in started:
+        adapter.stop(grace_s=10)
+
+
+def _verify(prefill: VllmAdapter, decode: VllmAdapter, *extra: str) -> tuple[int, dict]:
+    from agents.engines.verify import main as verify_main
+
+    out = decode.spec.env["FAKE_VLLM_RECORD"] + ".report"
+    code = verify_main(
+        [
+            "--prefill",
+            prefill.spec.base_url,
+            "--decode",
+            decode.spec.base_url,
+            "--model",
+            "qwen3-next",
+            "--kv-destination",
+            "unused:1",
+            "--lengths",
+            "40,90",
+            "--max-tokens",
+            "5",
+            "--output",
+            out,
+            *extra,
+        ]
+    )
+    return code, json.loads(Path(out).read_text())
+
+
+def test_verify_against_vllm_compares_top_k_logprobs(stand_ins):
+    """vLLM has no logits digests: ``--logprobs K`` must request top-k logprobs and compare
+    them step by step, and ask for the token ids vLLM only returns on request."""
+    prefill, decode, record = stand_ins()
+
+    code, report = _verify(prefill, decode, "--logprobs", "3")
+
+    assert code == 0
+    assert [(p["tokens_compared"], p["logits_compared"]) for p in report["prompts"]] == [(5, 5)] * 2
+    requests = json.loads(record.read_text())["requests"]
+    assert len(requests) == 4  # decode leg + local run per prompt
+    assert all(r["logprobs"] == 3 and r["return_token_ids"] is True for r in requests)
+
+
+def test_verify_against_vllm_catches_logprob_drift_with_the_same_tokens(stand_ins):
+    """The decode leg's tokens equal the local run's but its logprobs drifted (damaged KV):
+    only the logprob comparison can see it."""
+    prefill, decode, _ = stand_ins(FAKE_VLLM_REMOTE_LOGPROB_SHIFT="0.01")
+
+    code, report = _verify(prefill, decode, "--logprobs", "2")
+    tokens_only_code, tokens_only = _verify(prefill, decode)
+
+    assert code == 1
+    assert report["ok"] is False
+    divergence = report["prompts"][0]["first_divergence"]
+    assert (divergence["kind"], divergence["step"]) == ("logprobs", 1)
+    assert divergence["position"] == report["prompts"][0]["prompt_tokens"] + 1
+    # Without --logprobs there is nothing but tokens to compare, and they agree.
+    assert tokens_only_code == 0
+    assert all(p["logits_compared"] == 0 for p in tokens_only["prompts"])
+
+
+def test_verify_refuses_to_pass_an_engine_without_token_ids(stand_ins):
+    """A vLLM older than 0.10.2 ignores ``return_token_ids``: zero tokens compared is an error
+    (exit 2), never a match."""
+    prefill, decode, _ = stand_ins(FAKE_VLLM_OLD="1")
+
+    code, report = _verify(prefill, decode)
+
+    assert code == 2
+    assert report["ok"] is False
+    assert all("no token ids" in p["error"] for p in report["prompts"])
+    assert all(p["match"] is False for p in report["prompts"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -67,3 +68,24 @@ def test_checkpoint_directory_needs_one_weights_file(tmp_path):
 
     with pytest.raises(zoo.ModelError, match=r"exactly one \.gguf"):
         zoo.load_model(tmp_path, name="x")
+
+
+def test_checkpoint_directory_without_tokenizer_or_with_a_broken_config_is_named(
+    models_dir, tmp_path
+):
+    """A local checkpoint directory (real weights) brings its own tokenizer; without one, or
+    with a config transformers cannot read, loading fails naming the directory, not with a
+    traceback from inside transformers."""
+    built = zoo.resolve_model("dense", models_dir)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", zoo.WEIGHTS_FILE):
+        shutil.copy(built / name, bare / name)
+    broken = tmp_path / "broken"
+    shutil.copytree(bare, broken)
+    (broken / "config.json").write_text('{"model_type": "no-such-model"}')
+
+    with pytest.raises(zoo.ModelError, match=r"bare has no tokenizer.*\(tokenizer\.json"):
+        zoo.load_model(bare, name="x")
+    with pytest.raises(zoo.ModelError, match=r"broken cannot be loaded as a causal LM"):
+        zoo.load_model(broken, name="x")
