@@ -76,6 +76,7 @@ class Link:
         self.channels = [
             self.tls.channel(target, self._opts) for _ in range(self.options.connections)
         ]
+        self._closing: set[asyncio.Future[None]] = set()  # replaced channels still closing
         ceiling = self.options.rate_ceiling_bps / 8
         self.bucket = TokenBucket(ceiling, burst=max(self.options.chunk_size_bytes, ceiling * 0.05))
         self._window_bytes = 0
@@ -219,10 +220,18 @@ class Link:
         old channel (other transfers) fail and resume on the new one."""
         old = self.channels[index]
         self.channels[index] = self.tls.channel(self.target, self._opts)
-        await old.close(None)
+        # The caller (a push worker) is often cancelled right here, when the transfer fails
+        # at its deadline: an interrupted close would leave the old connection open with
+        # nothing referring to it, so the close runs on its own and close() waits for it.
+        closing = asyncio.ensure_future(old.close(None))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+        await asyncio.shield(closing)
 
     async def close(self) -> None:
-        await asyncio.gather(*(channel.close(None) for channel in self.channels))
+        await asyncio.gather(
+            *(channel.close(None) for channel in self.channels), *list(self._closing)
+        )
 
 
 _MEASURED: dict[str, tuple[float, float]] = {}

@@ -545,8 +545,11 @@ class Transfer:
                 read = asyncio.ensure_future(call.read())
                 await self._on_ack(ack)
         finally:
-            if not read.done():
-                read.cancel()
+            # A read given up on may still end with the call's error (cancelling it races
+            # with the RPC failing); retrieve that, or asyncio logs "exception never retrieved"
+            # with a traceback that keeps the call, and so its connection, alive.
+            read.add_done_callback(_retrieve)
+            read.cancel()
             del call, read  # see _stream
 
     async def _on_ack(self, ack: Any) -> None:
@@ -578,6 +581,11 @@ class Transfer:
                 self._inflight.pop(chunk.seq, None)
                 self._cond.notify_all()
             self._requeue_later(chunk, self._backoff(min(self.summary.busy, 4)))
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 @contextlib.asynccontextmanager
