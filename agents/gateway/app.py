@@ -29,7 +29,7 @@ from agents.gateway.logs import request_id_var
 from agents.gateway.metrics import GatewayMetrics
 from agents.gateway.openai import Kind, ParsedRequest, RequestError, error_body, parse_request
 from agents.gateway.prefix import PrefixIndex
-from agents.gateway.proxy import LegError, Upstream, first_chunk, leg_body, relay
+from agents.gateway.proxy import LegError, LegResponse, Upstream, first_chunk, leg_body, relay
 from agents.gateway.state import Router
 
 log = logging.getLogger("pdbridge.gateway")
@@ -353,7 +353,7 @@ class Gateway:
                 "gateway.request_done", extra={"path": path, "outcome": outcome or "fallback"}
             )
 
-    async def _remote_legs(self, call: _Call, decode: Instance) -> tuple[Any, bytes]:
+    async def _remote_legs(self, call: _Call, decode: Instance) -> tuple[LegResponse, bytes]:
         """Send the prefill and decode legs concurrently; return the decode leg and its first
         bytes, or raise :class:`Fallback`. Both legs are cancelled on any exit but success.
 
@@ -467,7 +467,9 @@ class Gateway:
             latency = prefill_s if prefill_s is not None else time.monotonic() - started
             self.router.record_prefill(site, prefill, verdict, latency, "remote_leg")
 
-    async def _open_decode(self, url: str, body: bytes, request_id: str) -> tuple[Any, bytes]:
+    async def _open_decode(
+        self, url: str, body: bytes, request_id: str
+    ) -> tuple[LegResponse, bytes]:
         response = await self.upstream.open(url, body, request_id, self.settings.request_timeout_s)
         return response, await first_chunk(response)
 
