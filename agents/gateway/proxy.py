@@ -27,7 +27,7 @@ import json
 import ssl
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import httptools
@@ -603,57 +603,125 @@ def sse_error_event(message: str, code: str) -> bytes:
     return b"data: " + json.dumps(doc).encode() + b"\n\n"
 
 
+class Client(Protocol):
+    """Where a relayed response goes: aiohttp's response (:class:`AiohttpClient`) or a
+    connection of the gateway's own server (``agents.gateway.fastpath``)."""
+
+    #: What a request handler returns for the response sent (None: the fast path's own).
+    response: web.StreamResponse | None
+
+    @property
+    def transport(self) -> asyncio.WriteTransport | None: ...
+
+    async def begin(
+        self,
+        status: int,
+        headers: dict[str, str],
+        content_type: str,
+        length: int | None,
+        first: bytes,
+        eof: bool,
+    ) -> bool:
+        """Send the status, the headers and ``first`` (in one write); with ``eof`` also the
+        end of the response. Returns whether the body is chunked (the framing the relay's
+        pipe must write in)."""
+        ...
+
+    async def end(self, data: bytes) -> None:
+        """Send ``data`` and the end of the response (in one write)."""
+        ...
+
+    def abort(self) -> None:
+        """Drop the client's connection (a body that cannot be completed)."""
+        ...
+
+
+class AiohttpClient:
+    """The client side of a relay served by aiohttp (the hot endpoints' requests that the
+    fast path hands over, and every request when ``fast_server`` is off)."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.response: web.StreamResponse | None = None
+
+    @property
+    def transport(self) -> asyncio.WriteTransport | None:
+        return self.request.transport
+
+    async def begin(
+        self,
+        status: int,
+        headers: dict[str, str],
+        content_type: str,
+        length: int | None,
+        first: bytes,
+        eof: bool,
+    ) -> bool:
+        response = self.response = web.StreamResponse(status=status, headers=headers)
+        response.content_type = content_type
+        if length is not None:
+            response.content_length = length
+        await response.prepare(self.request)
+        # aiohttp sends the headers with the first write, and the last chunk with the
+        # stream's terminator when both come together.
+        if eof:
+            await response.write_eof(first)
+            return False
+        await response.write(first)
+        # aiohttp chose the framing when it prepared the response (chunked for HTTP/1.1
+        # without a length); the relay's pipe follows it.
+        return response.headers.get("Transfer-Encoding", "").lower() == "chunked"
+
+    async def end(self, data: bytes) -> None:
+        assert self.response is not None  # noqa: S101 - begin() came first
+        await self.response.write_eof(data)
+
+    def abort(self) -> None:
+        if self.request.transport is not None:
+            self.request.transport.abort()
+
+
 async def relay(
-    request: web.Request,
-    upstream: LegResponse,
-    first: bytes,
-    headers: dict[str, str],
-) -> tuple[web.StreamResponse, RelayResult]:
+    client: Client, upstream: LegResponse, first: bytes, headers: dict[str, str]
+) -> RelayResult:
     """Copy an opened upstream response to the client chunk by chunk. Headers go out with the
-    first chunk (through aiohttp's response); the rest is piped (:meth:`LegResponse.pipe`)
-    to the client's transport as it arrives, and the bytes that came with the upstream's end
-    leave with the response's end in one write. A failure after the first byte is an SSE
-    error event (streams) or an aborted connection (other bodies: the client sees a short
-    body, never a silent truncation). The upstream response is always closed on return or
-    cancellation."""
+    first chunk; the rest is piped (:meth:`LegResponse.pipe`) to the client's transport as it
+    arrives, and the bytes that came with the upstream's end leave with the response's end in
+    one write. A failure after the first byte is an SSE error event (streams) or an aborted
+    connection (other bodies: the client sees a short body, never a silent truncation).
+    The upstream response is always closed on return or cancellation."""
     content_type = upstream.headers.get("content-type", "application/json")
     is_sse = content_type.startswith("text/event-stream")
-    response = web.StreamResponse(status=upstream.status, headers=headers)
-    response.content_type = content_type.split(";")[0]
-    if not is_sse and upstream.content_length is not None:
-        response.content_length = upstream.content_length
+    headers = dict(headers)
     if is_sse:
-        response.headers["Cache-Control"] = "no-cache"
+        headers["Cache-Control"] = "no-cache"
+    length = None if is_sse else upstream.content_length
     try:
-        await response.prepare(request)
         events = first.count(b"data:") if is_sse else 0
-        if upstream.at_eof():
-            await response.write_eof(first)
-            first_at = last_at = time.monotonic()
-            return response, RelayResult(first_at, last_at, events, True)
-        await response.write(first)
+        eof = upstream.at_eof()
+        chunked = await client.begin(
+            upstream.status, headers, content_type.split(";")[0], length, first, eof
+        )
         first_at = time.monotonic()
-        transport = request.transport
+        if eof:
+            return RelayResult(first_at, first_at, events, True)
+        transport = client.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client went away")
-        # aiohttp chose the framing when it prepared the response (chunked for HTTP/1.1
-        # without a length); the piped bytes follow it.
-        chunked = response.headers.get("Transfer-Encoding", "").lower() == "chunked"
         try:
             tail = await upstream.pipe(transport, chunked, is_sse)
         except (UpstreamError, TimeoutError) as error:
             last_at = max(upstream.last_at, first_at)
             events += upstream.events
             if not is_sse:
-                transport.abort()
-                return response, RelayResult(first_at, last_at, events, False)
-            await response.write(
+                client.abort()
+                return RelayResult(first_at, last_at, events, False)
+            await client.end(
                 sse_error_event(f"upstream failed: {type(error).__name__}", "upstream_error")
             )
-            await response.write_eof()
-            return response, RelayResult(first_at, last_at, events, False)
-        await response.write_eof(tail)
-        return response, RelayResult(first_at, time.monotonic(), events + upstream.events, True)
+            return RelayResult(first_at, last_at, events, False)
+        await client.end(tail)
+        return RelayResult(first_at, time.monotonic(), events + upstream.events, True)
     finally:
         upstream.close()
 
