@@ -78,11 +78,11 @@ class _Head:
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        # Decoded as aiohttp decodes them: utf-8, undecodable bytes kept as surrogates.
-        key = name.decode("latin-1").lower()
-        text = value.decode("utf-8", "surrogateescape")
-        previous = dict.get(self.headers, key)
-        self.headers[key] = text if previous is None else f"{previous},{text}"
+        # Decoded as aiohttp decodes them: utf-8, undecodable bytes kept as surrogates. A
+        # repeated header keeps its first value, as aiohttp's ``headers.get`` answers.
+        self.headers.setdefault(
+            name.decode("latin-1").lower(), value.decode("utf-8", "surrogateescape")
+        )
 
     def on_headers_complete(self) -> None:
         self.done = True

@@ -476,11 +476,13 @@ class Upstream:
         self._targets[url] = target
         return target
 
-    async def _connect(self, target: _Target, loop: asyncio.AbstractEventLoop) -> _Conn:
+    async def _connect(
+        self, target: _Target, loop: asyncio.AbstractEventLoop, deadline: float
+    ) -> _Conn:
         context: ssl.SSLContext | None = None
         if target.tls:
             context = self.ssl_context or ssl.create_default_context()
-        async with asyncio.timeout(self.connect_timeout_s):
+        async with asyncio.timeout_at(min(deadline, loop.time() + self.connect_timeout_s)):
             _, conn = await loop.create_connection(
                 lambda: _Conn(self._pool, target.key),
                 target.host,
@@ -492,17 +494,22 @@ class Upstream:
 
     async def open(self, url: str, body: bytes, request_id: str, timeout_s: float) -> LegResponse:
         """POST ``body`` to ``url``; returns the response once its headers arrived (2xx only).
-        ``timeout_s`` bounds the whole exchange, body included: until the headers arrived
-        ``asyncio.timeout_at`` holds it, then the response's deadline (one timer per leg).
+        ``timeout_s`` bounds the whole exchange, body included, by one timer per leg (the
+        response's deadline, armed when the request is sent; a new connection's connect is
+        bounded by ``connect_timeout_s`` too): a wait past it raises ``TimeoutError``.
         Raises :class:`LegError`.
 
         A kept-alive connection that the engine closed just as it was reused (no byte of
         an answer) is retried once on a new connection: the engine cannot have started the
         work, having closed before reading it or before answering anything."""
         target = self._target(url)
+        try:
+            rid = request_id.encode("utf-8", "surrogateescape")  # the client's bytes, as sent
+        except UnicodeEncodeError:
+            rid = request_id.encode("utf-8", "replace")
         request = b"%bX-Request-Id: %b\r\nContent-Length: %d\r\n\r\n%b" % (
             target.head,
-            request_id.encode("utf-8", "replace"),
+            rid,
             len(body),
             body,
         )
@@ -510,22 +517,22 @@ class Upstream:
         deadline = loop.time() + timeout_s
         leg: LegResponse | None = None
         try:
-            async with asyncio.timeout_at(deadline):
-                for attempt in range(2):
-                    conn = self._pool.take(target.key)
-                    if conn is None:
-                        conn = await self._connect(target, loop)
-                    leg = LegResponse(conn, loop)
-                    conn.leg = leg
-                    assert conn.transport is not None  # noqa: S101 - connected
-                    conn.transport.write(request)
-                    try:
-                        await leg.headers_arrived()
-                        break
-                    except _Disconnected:
-                        leg.close()
-                        if not conn.reused or attempt:
-                            raise
+            for attempt in range(2):
+                conn = self._pool.take(target.key)
+                if conn is None:
+                    conn = await self._connect(target, loop, deadline)
+                leg = LegResponse(conn, loop)
+                conn.leg = leg
+                leg.deadline = loop.call_at(deadline, leg.expire)
+                assert conn.transport is not None  # noqa: S101 - connected
+                conn.transport.write(request)
+                try:
+                    await leg.headers_arrived()
+                    break
+                except _Disconnected:
+                    leg.close()
+                    if not conn.reused or attempt:
+                        raise
         except TimeoutError as error:
             if leg is not None:
                 leg.close()
@@ -539,7 +546,6 @@ class Upstream:
                 leg.close()
             raise
         assert leg is not None  # noqa: S101 - the loop ends with a leg or raises
-        leg.deadline = loop.call_at(deadline, leg.expire)
         if leg.status >= 300:
             try:
                 detail = (await leg.read())[:2000].decode("utf-8", "replace")

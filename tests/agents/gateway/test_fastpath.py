@@ -207,3 +207,60 @@ def test_stop_lets_an_in_flight_fast_stream_finish():
     assert answers[0][0] == 200
     assert answers[0][2].count(b"data: {") == 6
     assert answers[0][2].endswith(b"data: [DONE]\n\n")
+
+
+def test_fast_path_and_hand_over_over_tls(tmp_path):
+    """HTTPS serving: a completion on the fast path, then a GET handed to aiohttp on the same
+    TLS connection, then another completion (aiohttp's from then on)."""
+    import ssl
+
+    from agents.gateway.app import Gateway
+    from agents.gateway.config import parse_snapshot
+    from agents.gateway.server import start
+    from grpc_kv.certs import create_ca, create_node_cert
+    from tests.agents.gateway.engine_double import EngineDouble, KvStore
+    from tests.agents.gateway.snapshots import snapshot
+
+    ca = create_ca(tmp_path / "ca")
+    cert = create_node_cert(ca, tmp_path / "certs", "gateway")
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert.cert_file, cert.key_file)
+    client_tls = ssl.create_default_context(cafile=str(ca.ca_file))
+
+    async def scenario():
+        kv = KvStore()
+        decode = await EngineDouble("decode", kv).start()
+        prefill = await EngineDouble("prefill", kv).start()
+        gateway = Gateway(FAST)
+        gateway.apply(
+            parse_snapshot(
+                snapshot(decode_urls=(decode.url,), prefill_sites={"remote": (prefill.url,)})
+            )
+        )
+        running = await start(gateway, ssl_server=server_tls)
+        try:
+            conn = await asyncio.open_connection(
+                "127.0.0.1", running.port, ssl=client_tls, server_hostname="127.0.0.1"
+            )
+            answers = []
+            for raw in (
+                post(completion("hi", stream=True)),
+                b"GET /health HTTP/1.1\r\nHost: gw\r\n\r\n",
+                post(completion("hi")),
+            ):
+                got, conn = await exchange(running.port, raw, 1, conn)
+                answers += got
+            conn[1].close()
+            return answers
+        finally:
+            await running.stop()
+            await decode.stop()
+            await prefill.stop()
+
+    streamed, health, whole = run(scenario())
+
+    assert streamed[0] == 200
+    assert streamed[2].endswith(b"data: [DONE]\n\n")
+    assert json.loads(health[2])["status"] == "ok"
+    assert whole[0] == 200
+    assert json.loads(whole[2])["choices"]
