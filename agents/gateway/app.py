@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import ssl
 import time
 import uuid
@@ -226,7 +227,8 @@ class Gateway:
         :class:`RequestError` for one too large), relayed responses go to ``client``.
         Returns the response to send (errors), or None when it was relayed to ``client``."""
         arrived = time.monotonic()
-        request_id = headers.get("x-request-id") or uuid.uuid4().hex
+        # 128 random bits in hex, as a uuid4's hex (a third of its cost).
+        request_id = headers.get("x-request-id") or os.urandom(16).hex()
         request_id_var.set(request_id)
         base_headers = {"x-request-id": request_id}
         config = self.router.config

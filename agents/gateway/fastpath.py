@@ -31,7 +31,7 @@ import logging
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
@@ -88,15 +88,10 @@ class _Head:
         self.done = True
 
 
-def _text(value: object) -> bytes:
-    return str(value).encode("utf-8", "surrogateescape")
-
-
-def _head(status: int, headers: dict[str, str], framing: bytes) -> bytes:
-    lines = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, "Unknown").encode())]
-    lines += [b"%s: %s\r\n" % (_text(k), _text(v)) for k, v in headers.items()]
-    lines.append(framing)
-    return b"".join(lines)
+def _head(status: int, headers: Mapping[str, str], framing: bytes) -> bytes:
+    lines = "".join([f"{k}: {v}\r\n" for k, v in headers.items()])
+    reason = _REASONS.get(status, "Unknown")
+    return f"HTTP/1.1 {status} {reason}\r\n{lines}".encode("utf-8", "surrogateescape") + framing
 
 
 class _FastClient:

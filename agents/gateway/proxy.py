@@ -26,6 +26,7 @@ import asyncio
 import json
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -186,13 +187,15 @@ class LegResponse:
     def __init__(self, conn: _Conn, loop: asyncio.AbstractEventLoop) -> None:
         self._conn = conn
         self._loop = loop
+        self._chunks: list[bytes] = []
+        # The body callback is the list's own append: httptools calls it once per HTTP chunk
+        # (once per SSE event), and a C method there costs no Python frame per event.
+        self.on_body: Callable[[bytes], None] = self._chunks.append
         self._parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers: dict[str, str] = {}
         self.content_length: int | None = None
         self.deadline: asyncio.TimerHandle | None = None
-        self._chunks: list[bytes] = []
-        self._size = 0
         self._framed = False  # Content-Length or chunked; else the body ends with the connection
         self._keep_alive = False
         self._got_bytes = False
@@ -227,10 +230,6 @@ class LegResponse:
         self._framed = length is not None or chunked
         self._headers = True
 
-    def on_body(self, body: bytes) -> None:
-        self._chunks.append(body)
-        self._size += len(body)
-
     def on_message_complete(self) -> None:
         self._complete = True
 
@@ -248,7 +247,7 @@ class LegResponse:
             return
         if self._chunks or self._complete or self._headers:
             self._wake()
-        if self._size > _PULL_LIMIT and not self._paused:
+        if not self._paused and sum(map(len, self._chunks)) > _PULL_LIMIT:
             self._paused = True
             self._conn.pause()
 
@@ -312,7 +311,6 @@ class LegResponse:
             if chunks:
                 data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 chunks.clear()
-                self._size = 0
                 if self._paused:
                     self._paused = False
                     self._conn.resume()
@@ -369,7 +367,6 @@ class LegResponse:
             return
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
-        self._size = 0
         out = self._out
         assert out is not None  # noqa: S101 - set by pipe() before any _push
         if out.is_closing():
@@ -404,7 +401,6 @@ class LegResponse:
             chunks = self._chunks
             self._tail = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             chunks.clear()
-            self._size = 0
             if self._count:
                 self.events += self._tail.count(b"data:")
         pipe = self._pipe
