@@ -233,7 +233,7 @@ class FastConnection(asyncio.Protocol):
             or parser.get_http_version() != "1.1"
             or not parser.should_keep_alive()
             or length is None
-            or not length.isdigit()
+            or not (length.isascii() and length.isdigit())
             or int(length) > self.server.max_body_bytes
             or "transfer-encoding" in headers
             or "expect" in headers
