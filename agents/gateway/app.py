@@ -1,10 +1,12 @@
-"""The gateway's aiohttp server: OpenAI-compatible endpoints that route each request to the
+"""The gateway's request handling and aiohttp application: OpenAI-compatible endpoints that route each request to the
 remote path (prefill leg at a remote site + decode leg at the local decode pool, sent
 concurrently) or the local path, with budgeted fallback, pass-through streaming, metrics and
 ``/debug/routing``.
 
 Who calls it: :mod:`agents.gateway.cli` (``pdbridge gateway``) and tests, through
-:func:`build_app`. A request never gets a traceback: client errors are OpenAI-style 4xx,
+:func:`build_app`; the completions requests that the gateway's own server takes
+(:mod:`agents.gateway.fastpath`) come to :meth:`Gateway.complete` directly, the same
+handling as aiohttp's handler. A request never gets a traceback: client errors are OpenAI-style 4xx,
 upstream failures before the first byte fall back or become 502/503, after it an error event.
 """
 

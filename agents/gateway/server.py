@@ -1,4 +1,5 @@
-"""Running a gateway: the listening server (with handler cancellation, so that a client
+"""Running a gateway: the listening server (the gateway's own for plain completions
+requests in front of aiohttp's, see :mod:`agents.gateway.fastpath`; on both a client
 disconnect cancels the request's upstream legs) and its background loops — config polling,
 engine-metrics scraping for queue depth, and threshold re-tuning.
 
