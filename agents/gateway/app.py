@@ -1,7 +1,7 @@
-"""The gateway's request handling and aiohttp application: OpenAI-compatible endpoints that route each request to the
-remote path (prefill leg at a remote site + decode leg at the local decode pool, sent
-concurrently) or the local path, with budgeted fallback, pass-through streaming, metrics and
-``/debug/routing``.
+"""The gateway's request handling and aiohttp application: OpenAI-compatible endpoints that
+route each request to the remote path (prefill leg at a remote site + decode leg at the local
+decode pool, sent concurrently) or the local path, with budgeted fallback, pass-through
+streaming, metrics and ``/debug/routing``.
 
 Who calls it: :mod:`agents.gateway.cli` (``pdbridge gateway``) and tests, through
 :func:`build_app`; the completions requests that the gateway's own server takes
