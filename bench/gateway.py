@@ -475,6 +475,10 @@ def main(argv: list[str] | None = None) -> int:
         help="the gateway process's settings.event_loop",
     )  # fmt: skip
     p.add_argument(
+        "--fast-server", default="on", choices=["on", "off"],
+        help="the gateway process's settings.fast_server (off: aiohttp's server only)",
+    )  # fmt: skip
+    p.add_argument(
         "--harness-loop", default="asyncio", choices=["auto", "uvloop", "asyncio"],
         help="event loop of the load generator, the canned upstream and the bare proxy "
         "(asyncio: the setup the saturation target was set with; a uvloop harness makes the "
@@ -515,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = Path(tmp) / "settings.yaml"
         settings.write_text(
             f"scrape_interval_s: 0\nstate_dir: {tmp}\nevent_loop: {args.event_loop}\n"
+            f"fast_server: {'true' if args.fast_server == 'on' else 'false'}\n"
         )
         bare, bare_ready = _spawn(
             ["-m", "bench.gateway", "bare-proxy", "--upstream", up_url, *loop_arg], "json"
@@ -609,7 +614,8 @@ def main(argv: list[str] | None = None) -> int:
         f"share (direct leg) {overhead['loadgen_cpu_share']['direct']:.2f}"
     )
     print(
-        f"event loops: gateway {result['gateway_event_loop']}, bare proxy "
+        f"event loops: gateway {result['gateway_event_loop']} (fast server "
+        f"{args.fast_server}), bare proxy "
         f"{bare_ready['loop']}, upstream {up['loop']}; placement: "
         + (
             f"harness on CPUs {place['harness']}, serving process on CPUs {place['serving']}"

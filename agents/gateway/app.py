@@ -1,10 +1,12 @@
-"""The gateway's aiohttp server: OpenAI-compatible endpoints that route each request to the
-remote path (prefill leg at a remote site + decode leg at the local decode pool, sent
-concurrently) or the local path, with budgeted fallback, pass-through streaming, metrics and
-``/debug/routing``.
+"""The gateway's request handling and aiohttp application: OpenAI-compatible endpoints that
+route each request to the remote path (prefill leg at a remote site + decode leg at the local
+decode pool, sent concurrently) or the local path, with budgeted fallback, pass-through
+streaming, metrics and ``/debug/routing``.
 
 Who calls it: :mod:`agents.gateway.cli` (``pdbridge gateway``) and tests, through
-:func:`build_app`. A request never gets a traceback: client errors are OpenAI-style 4xx,
+:func:`build_app`; the completions requests that the gateway's own server takes
+(:mod:`agents.gateway.fastpath`) come to :meth:`Gateway.complete` directly, the same
+handling as aiohttp's handler. A request never gets a traceback: client errors are OpenAI-style 4xx,
 upstream failures before the first byte fall back or become 502/503, after it an error event.
 """
 
@@ -13,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import ssl
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,13 +33,21 @@ from agents.gateway.logs import request_id_var
 from agents.gateway.metrics import GatewayMetrics
 from agents.gateway.openai import Kind, ParsedRequest, RequestError, error_body, parse_request
 from agents.gateway.prefix import PrefixIndex
-from agents.gateway.proxy import LegError, Upstream, first_chunk, leg_body, relay
+from agents.gateway.proxy import (
+    AiohttpClient,
+    Client,
+    LegError,
+    LegResponse,
+    Upstream,
+    first_chunk,
+    leg_body,
+    relay,
+)
 from agents.gateway.state import Router
 
 log = logging.getLogger("pdbridge.gateway")
 
 GATEWAY_KEY = web.AppKey("gateway", object)
-RAW_BODY_KEY = web.RequestKey("raw_body", bytes)
 
 ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -76,10 +88,11 @@ def _leg_error_response(error: LegError, path: str, request_id: str) -> web.Resp
 class _Call:
     """One request as the serving methods need it."""
 
-    request: web.Request
+    client: Client
     kind: Kind
     arrived: float
     request_id: str
+    raw: bytes
     body: dict[str, Any]
     parsed: ParsedRequest
     config: DeploymentConfig
@@ -184,9 +197,40 @@ class Gateway:
         return handle
 
     async def generate(self, request: web.Request, kind: Kind) -> web.StreamResponse:
-        """One completions/chat request, end to end."""
+        """One completions/chat request served by aiohttp, end to end."""
+
+        async def read() -> bytes:
+            try:
+                return await request.read()
+            except web.HTTPRequestEntityTooLarge as error:
+                raise RequestError(
+                    413,
+                    f"the request body exceeds {self.settings.max_body_bytes} bytes",
+                    None,
+                    "body_too_large",
+                ) from error
+
+        client = AiohttpClient(request)
+        response = await self.complete(kind, request.headers, read, client)
+        if response is None:
+            response = client.response
+        assert response is not None  # noqa: S101 - aiohttp's client keeps what it sent
+        return response
+
+    async def complete(
+        self,
+        kind: Kind,
+        headers: Mapping[str, str],
+        read: Callable[[], Awaitable[bytes]],
+        client: Client,
+    ) -> web.StreamResponse | None:
+        """One completions/chat request, end to end, whichever server received it:
+        ``headers`` (case-insensitive lookups), ``read`` gives the body (raises
+        :class:`RequestError` for one too large), relayed responses go to ``client``.
+        Returns the response to send (errors), or None when it was relayed to ``client``."""
         arrived = time.monotonic()
-        request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+        # 128 random bits in hex, as a uuid4's hex (a third of its cost).
+        request_id = headers.get("x-request-id") or os.urandom(16).hex()
         request_id_var.set(request_id)
         base_headers = {"x-request-id": request_id}
         config = self.router.config
@@ -197,11 +241,12 @@ class Gateway:
                 base_headers,
             )
         try:
-            body, parsed = await self._read(request, kind, config)
+            raw = await read()
+            body, parsed = self._parse(raw, kind, config)
         except RequestError as error:
             self.metrics.request("local", "client_error")
             return _json(error.status, error.body(), base_headers)
-        key = request.headers.get(self.settings.sticky_key_header) or parsed.user or request_id
+        key = headers.get(self.settings.sticky_key_header) or parsed.user or request_id
         prompt_tokens, exact = await self._prompt_tokens(parsed, config, request_id)
         # Only an exact count is refused here; an estimate could be wrong, and the engine
         # refuses a prompt that is really too long (its 4xx is relayed as is).
@@ -217,7 +262,7 @@ class Gateway:
             return _json(400, too_long.body(), base_headers)
         decision = self.router.decide(config, key, prompt_tokens, self._cached_tokens(parsed))
         self.metrics.decision(decision.path, decision.reason)
-        call = _Call(request, kind, arrived, request_id, body, parsed, config, decision)
+        call = _Call(client, kind, arrived, request_id, raw, body, parsed, config, decision)
         if decision.path == "remote":
             try:
                 return await self._serve(call, "remote")
@@ -229,28 +274,16 @@ class Gateway:
             return await self._serve(call, "local")
         return await self._fallback(call, cause)
 
-    async def _read(
-        self, request: web.Request, kind: Kind, config: DeploymentConfig
+    def _parse(
+        self, raw: bytes, kind: Kind, config: DeploymentConfig
     ) -> tuple[dict[str, Any], ParsedRequest]:
-        try:
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge as error:
-            raise RequestError(
-                413,
-                f"the request body exceeds {self.settings.max_body_bytes} bytes",
-                None,
-                "body_too_large",
-            ) from error
         try:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as error:
             raise RequestError(
                 400, f"the request body is not valid JSON: {error}", None, "invalid_json"
             ) from error
-        parsed = parse_request(kind, body, config.model_name)
-        # The local path forwards the client's bytes unchanged (no re-encoding).
-        request[RAW_BODY_KEY] = raw
-        return body, parsed
+        return body, parse_request(kind, body, config.model_name)
 
     def _cached_tokens(self, parsed: ParsedRequest) -> int:
         """Estimated tokens of the prompt already cached at the decode pool (0 when the
@@ -295,10 +328,10 @@ class Gateway:
             return estimate, False
 
     # -- serving -------------------------------------------------------------------------
-    async def _serve(self, call: _Call, path: str) -> web.StreamResponse:
+    async def _serve(self, call: _Call, path: str) -> web.StreamResponse | None:
         """Serve on ``path``: the remote legs, or one local leg (``local``/``fallback``).
         Raises :class:`Fallback` from the remote path before anything reached the client."""
-        request, request_id, kind, config = call.request, call.request_id, call.kind, call.config
+        request_id, kind, config = call.request_id, call.kind, call.config
         decode = self.router.pick_decode(config)
         self.metrics.begin(path)
         self.router.begin(decode.url)
@@ -307,11 +340,11 @@ class Gateway:
             if path == "remote":
                 upstream, first = await self._remote_legs(call, decode)
             else:
-                raw = request.get(RAW_BODY_KEY) or json.dumps(call.body).encode()
                 try:
+                    # The local path forwards the client's bytes unchanged (no re-encoding).
                     upstream = await self.upstream.open(
                         f"{decode.url}{ROUTES[kind]}",
-                        raw,
+                        call.raw,
                         request_id,
                         self.settings.request_timeout_s,
                     )
@@ -325,12 +358,12 @@ class Gateway:
                         outcome = "client_error"
                     return _leg_error_response(error, path, request_id)
             headers = {"x-request-id": request_id, "x-pdbridge-path": path}
-            response, result = await relay(request, upstream, first, headers)
+            result = await relay(call.client, upstream, first, headers)
             outcome = "ok" if result.ok else "upstream_error"
             ttft = result.first_at - call.arrived
             if result.events > 1:
                 tpot = (result.last_at - result.first_at) / (result.events - 1)
-            return response
+            return call.client.response
         except Rejected as rejected:
             outcome = "client_error"
             return _leg_error_response(rejected.error, path, request_id)
@@ -353,7 +386,7 @@ class Gateway:
                 "gateway.request_done", extra={"path": path, "outcome": outcome or "fallback"}
             )
 
-    async def _remote_legs(self, call: _Call, decode: Instance) -> tuple[Any, bytes]:
+    async def _remote_legs(self, call: _Call, decode: Instance) -> tuple[LegResponse, bytes]:
         """Send the prefill and decode legs concurrently; return the decode leg and its first
         bytes, or raise :class:`Fallback`. Both legs are cancelled on any exit but success.
 
@@ -467,11 +500,13 @@ class Gateway:
             latency = prefill_s if prefill_s is not None else time.monotonic() - started
             self.router.record_prefill(site, prefill, verdict, latency, "remote_leg")
 
-    async def _open_decode(self, url: str, body: bytes, request_id: str) -> tuple[Any, bytes]:
+    async def _open_decode(
+        self, url: str, body: bytes, request_id: str
+    ) -> tuple[LegResponse, bytes]:
         response = await self.upstream.open(url, body, request_id, self.settings.request_timeout_s)
         return response, await first_chunk(response)
 
-    async def _fallback(self, call: _Call, cause: str) -> web.StreamResponse:
+    async def _fallback(self, call: _Call, cause: str) -> web.StreamResponse | None:
         """Serve by local prefill within the budget (503 with retry-after beyond it)."""
         headers = {"x-request-id": call.request_id, "x-pdbridge-path": "fallback"}
         if not call.config.fallback_to_local_prefill:

@@ -1,13 +1,23 @@
 """Upstream legs and the pass-through relay.
 
-:class:`Upstream` owns the aiohttp client session to the engines. The request handler opens
-legs with :meth:`Upstream.open` (returns once the response headers arrived) and
-:func:`first_chunk` (the first body bytes, i.e. the moment the engine produced output), then
-hands the response to :func:`relay`, which copies bytes to the client as they arrive —
-never buffering a whole stream. Cancellation of the calling task (client disconnect) closes
-the upstream connection, which aborts the engine's work.
+:class:`Upstream` is the gateway's HTTP/1.1 client to the engines: a lean asyncio protocol
+per connection, with the response parsed by ``httptools`` (llhttp, uvicorn's parser) and a
+keep-alive pool per engine. It replaced aiohttp's client session on the request path because
+that client's per-request and per-event machinery (request/response objects, the stream
+reader's future per wake-up, the chunked writer's coroutine per event) was most of the
+gateway's CPU per relayed stream; see docs/gateway.md, "The relay's hot path".
 
-Failures surface as :class:`LegError` with a ``cause`` the handler maps to fallback causes.
+The request handler opens legs with :meth:`Upstream.open` (returns once the response headers
+arrived) and :func:`first_chunk` (the first body bytes, i.e. the moment the engine produced
+output), then hands the response to :func:`relay`. The relay writes the first chunk through
+aiohttp's response (which sends the headers with it), then *pipes* the rest: each time the
+upstream connection delivers bytes, the body they carry goes to the client's transport at once,
+re-framed as one HTTP chunk (never held back, never buffered whole; the end of the body leaves
+with the stream's terminator in one write). Cancellation of the calling task (client
+disconnect) closes the upstream connection, which aborts the engine's work.
+
+Failures surface as :class:`LegError` (before output) with a ``cause`` the handler maps to
+fallback causes, or as :class:`UpstreamError` / ``TimeoutError`` from a leg's body.
 """
 
 from __future__ import annotations
@@ -16,15 +26,28 @@ import asyncio
 import json
 import ssl
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import urlsplit
 
-import aiohttp
+import httptools
 from aiohttp import web
 
 # Hop-by-hop and framing headers are the gateway's own business, not the engine's.
-_HEADERS = {"Accept": "*/*", "Accept-Encoding": "identity", "Content-Type": "application/json"}
+_HEADERS = b"Accept: */*\r\nAccept-Encoding: identity\r\nContent-Type: application/json\r\n"
 _SSE_ERROR_PREFIX = b'data: {"error"'
+#: Pull mode (before the relay pipes, and whole small bodies): the bytes a leg buffers before
+#: it stops reading from the engine's socket (TCP then holds the engine back).
+_PULL_LIMIT = 1 << 20
+#: Pipe mode: the client's pending output above which the engine's socket is not read (a slow
+#: client holds back its own stream only), and how often a paused pipe looks again.
+_PIPE_HIGH = 1 << 18
+_PIPE_CHECK_S = 0.005
+#: An idle kept-alive connection is closed after this long (engines' servers close theirs
+#: after 75 s (aiohttp) or 5 s (uvicorn); a connection reused just as the engine closes it is
+#: retried once, see :meth:`Upstream.open`).
+_IDLE_S = 15.0
 
 
 class LegError(Exception):
@@ -38,25 +61,381 @@ class LegError(Exception):
         self.detail = detail
 
 
-class LegResponse(aiohttp.ClientResponse):
-    """An upstream response carrying its leg's deadline (see :meth:`Upstream.open`);
-    closing it cancels the deadline."""
+class UpstreamError(Exception):
+    """The engine's connection ended or its response was malformed mid-exchange."""
 
-    deadline: asyncio.TimerHandle | None = None
+
+class _Disconnected(UpstreamError):
+    """The connection ended before any byte of the response (a kept-alive connection the
+    engine closed as it was reused: retried once on a fresh one)."""
+
+
+Key = tuple[str, int, bool]
+
+
+class _Conn(asyncio.Protocol):
+    """One connection to an engine. It carries one exchange at a time (``leg``) and waits in
+    the pool between exchanges."""
+
+    def __init__(self, pool: _Pool, key: Key) -> None:
+        self.pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.leg: LegResponse | None = None
+        self.closed = False
+        self.reused = False
+        self.idle_at = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.pool.live.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        leg = self.leg
+        if leg is None:
+            # Bytes outside an exchange: the connection's state is unknown, never reuse it.
+            self.abort()
+            return
+        leg.feed(data)
+
+    def eof_received(self) -> bool | None:
+        return None  # the engine closed its side: close ours too (connection_lost follows)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        if self.leg is not None:
+            self.leg.lost()
+
+    def abort(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def pause(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+
+class _Pool:
+    """Kept-alive connections per (host, port, tls), most recently used first. No limit on
+    their number: the gateway must never queue requests behind its own client; back-pressure
+    belongs to the engines and the fallback budget."""
+
+    def __init__(self) -> None:
+        self.idle: dict[Key, list[_Conn]] = {}
+        self.live: set[_Conn] = set()
+        self._sweep: asyncio.TimerHandle | None = None
+
+    def take(self, key: Key) -> _Conn | None:
+        conns = self.idle.get(key)
+        while conns:
+            conn = conns.pop()
+            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+                conn.reused = True
+                return conn
+        return None
+
+    def release(self, conn: _Conn) -> None:
+        conn.idle_at = time.monotonic()
+        self.idle.setdefault(conn.key, []).append(conn)
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(_IDLE_S, self._expire)
+
+    def forget(self, conn: _Conn) -> None:
+        self.live.discard(conn)
+        conns = self.idle.get(conn.key)
+        if conns and conn in conns:
+            conns.remove(conn)
+
+    def _expire(self) -> None:
+        self._sweep = None
+        cutoff = time.monotonic() - _IDLE_S
+        remaining = False
+        for conns in self.idle.values():
+            for conn in [c for c in conns if c.idle_at <= cutoff]:
+                conns.remove(conn)
+                conn.closed = True
+                if conn.transport is not None:
+                    conn.transport.close()
+            remaining = remaining or bool(conns)
+        if remaining:
+            self._sweep = asyncio.get_running_loop().call_later(_IDLE_S, self._expire)
 
     def close(self) -> None:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        self.idle.clear()
+        for conn in list(self.live):
+            conn.abort()
+        self.live.clear()
+
+
+class LegResponse:
+    """One exchange with an engine: ``status``, ``headers`` (names lower-case) and
+    ``content_length`` once :meth:`Upstream.open` returned it, then the body, read
+    (:meth:`readany`, :meth:`read`) or piped to the client (:meth:`pipe`). A read past the
+    leg's deadline raises ``TimeoutError``; a broken or malformed response
+    :class:`UpstreamError`. :meth:`close` returns the connection to the pool when the
+    exchange ended cleanly, else aborts it (which aborts the engine's work)."""
+
+    def __init__(self, conn: _Conn, loop: asyncio.AbstractEventLoop) -> None:
+        self._conn = conn
+        self._loop = loop
+        self._chunks: list[bytes] = []
+        # The body callback is the list's own append: httptools calls it once per HTTP chunk
+        # (once per SSE event), and a C method there costs no Python frame per event.
+        self.on_body: Callable[[bytes], None] = self._chunks.append
+        self._parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.content_length: int | None = None
+        self.deadline: asyncio.TimerHandle | None = None
+        self._framed = False  # Content-Length or chunked; else the body ends with the connection
+        self._keep_alive = False
+        self._got_bytes = False
+        self._headers = False
+        self._complete = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+        self._closed = False
+        # Pipe mode (see pipe()).
+        self._pipe: asyncio.Future[None] | None = None
+        self._out: asyncio.WriteTransport | None = None
+        self._chunked_out = True
+        self._count = False
+        self._tail = b""
+        self._check: asyncio.TimerHandle | None = None
+        self.events = 0
+        self.last_at = 0.0
+
+    # -- httptools callbacks (during feed) -----------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        self.status = parser.get_status_code()
+        self._keep_alive = parser.should_keep_alive()
+        length = self.headers.get("content-length")
+        if length is not None:
+            self.content_length = int(length)  # llhttp accepted it: digits only
+        chunked = "chunked" in self.headers.get("transfer-encoding", "").lower()
+        self._framed = length is not None or chunked
+        self._headers = True
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+
+    # -- connection events ---------------------------------------------------------------
+    def feed(self, data: bytes) -> None:
+        self._got_bytes = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as error:
+            self._fail(UpstreamError(f"malformed response from the engine: {error}"))
+            self._conn.abort()
+            return
+        if self._pipe is not None:
+            self._push()
+            return
+        if self._chunks or self._complete or self._headers:
+            self._wake()
+        if not self._paused and sum(map(len, self._chunks)) > _PULL_LIMIT:
+            self._paused = True
+            self._conn.pause()
+
+    def lost(self) -> None:
+        if self._complete or self._error is not None:
+            return
+        if self._headers and not self._framed:
+            # A body delimited by the connection's end (HTTP/1.0 style): that end is its end.
+            self._complete = True
+            self._keep_alive = False
+            if self._pipe is not None:
+                self._push()
+            else:
+                self._wake()
+            return
+        if self._got_bytes:
+            self._fail(UpstreamError("the engine closed the connection mid-response"))
+        else:
+            self._fail(_Disconnected("the engine closed the connection"))
+
+    def expire(self) -> None:
+        """The leg's deadline passed: the read in progress (or the next one) raises
+        ``TimeoutError``; the reader closes the response."""
+        self.deadline = None
+        if not self._complete:
+            self._fail(TimeoutError())
+
+    def _fail(self, error: BaseException) -> None:
+        if self._error is not None:
+            return
+        self._error = error
+        if self._pipe is not None:
+            self._finish_pipe()
+        else:
+            self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        self._waiter = self._loop.create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    # -- reading -------------------------------------------------------------------------
+    async def headers_arrived(self) -> None:
+        while not self._headers:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+
+    async def readany(self) -> bytes:
+        """Everything buffered (waits for some); b"" at the end of the body. Bytes that
+        arrived before a failure are returned before it is raised."""
+        while True:
+            chunks = self._chunks
+            if chunks:
+                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                chunks.clear()
+                if self._paused:
+                    self._paused = False
+                    self._conn.resume()
+                return data
+            if self._error is not None:
+                raise self._error
+            if self._complete:
+                return b""
+            await self._wait()
+
+    def at_eof(self) -> bool:
+        return self._complete and not self._chunks
+
+    async def read(self) -> bytes:
+        parts = []
+        while data := await self.readany():
+            parts.append(data)
+        return b"".join(parts)
+
+    # -- piping --------------------------------------------------------------------------
+    async def pipe(self, out: asyncio.WriteTransport, chunked: bool, count_events: bool) -> bytes:
+        """Write the rest of the body to ``out`` as it arrives: everything one read of the
+        engine's socket delivered goes out in one write, as one HTTP chunk when ``chunked``
+        (else as is). Returns the bytes that arrived together with the body's end, for the
+        caller to write with the stream's terminator. ``events`` counts SSE ``data:`` lines
+        piped, ``last_at`` when the last write left. While ``out`` holds more than
+        ``_PIPE_HIGH`` bytes unsent, the engine's socket is not read. Raises like
+        :meth:`readany`, and ``ConnectionResetError`` when the client went away."""
+        self._out = out
+        self._chunked_out = chunked
+        self._count = count_events
+        self._pipe = self._loop.create_future()
+        if self._paused:
+            self._paused = False
+            self._conn.resume()
+        self._push()
+        try:
+            await self._pipe
+        finally:
+            self._pipe = None
+            if self._check is not None:
+                self._check.cancel()
+                self._check = None
+        if self._error is not None:
+            raise self._error
+        return self._tail
+
+    def _push(self) -> None:
+        if self._complete or self._error is not None:
+            self._finish_pipe()
+            return
+        chunks = self._chunks
+        if not chunks:
+            return
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        out = self._out
+        assert out is not None  # noqa: S101 - set by pipe() before any _push
+        if out.is_closing():
+            self._fail(ConnectionResetError("the client went away"))
+            return
+        if self._count:
+            self.events += data.count(b"data:")
+        out.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked_out else data)
+        self.last_at = time.monotonic()
+        if not self._paused and out.get_write_buffer_size() > _PIPE_HIGH:
+            self._paused = True
+            self._conn.pause()
+            self._check = self._loop.call_later(_PIPE_CHECK_S, self._drained)
+
+    def _drained(self) -> None:
+        """While paused for a slow client: read the engine again once the client's output
+        went below half the limit (looked at every ``_PIPE_CHECK_S``)."""
+        self._check = None
+        out = self._out
+        if self._pipe is None or out is None or self._error is not None:
+            return
+        if out.is_closing():
+            self._fail(ConnectionResetError("the client went away"))
+        elif out.get_write_buffer_size() > _PIPE_HIGH // 2:
+            self._check = self._loop.call_later(_PIPE_CHECK_S, self._drained)
+        else:
+            self._paused = False
+            self._conn.resume()
+
+    def _finish_pipe(self) -> None:
+        if self._error is None:
+            chunks = self._chunks
+            self._tail = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            chunks.clear()
+            if self._count:
+                self.events += self._tail.count(b"data:")
+        pipe = self._pipe
+        if pipe is not None and not pipe.done():
+            pipe.set_result(None)
+
+    # -- the end -------------------------------------------------------------------------
+    def close(self) -> None:
+        """Idempotent. Returns the connection to the pool after a clean, complete,
+        keep-alive exchange; otherwise aborts it."""
+        if self._closed:
+            return
+        self._closed = True
         if self.deadline is not None:
             self.deadline.cancel()
             self.deadline = None
-        super().close()
+        conn = self._conn
+        conn.leg = None
+        if self._complete and self._error is None and self._keep_alive and not conn.closed:
+            if self._paused:
+                self._paused = False
+                conn.resume()
+            conn.pool.release(conn)
+            return
+        conn.abort()
+        self._fail(UpstreamError("the leg was closed"))
 
 
-def _expire(response: LegResponse) -> None:
-    """The leg's deadline passed: the read in progress (or the next one) raises TimeoutError;
-    the reader closes the response."""
-    response.deadline = None
-    if not response.content.is_eof():
-        response.content.set_exception(TimeoutError())
+@dataclass(frozen=True, slots=True)
+class _Target:
+    key: Key
+    host: str
+    port: int
+    tls: bool
+    head: bytes  # "POST <path> HTTP/1.1", Host and the fixed headers
 
 
 class Upstream:
@@ -65,63 +444,113 @@ class Upstream:
     def __init__(self, connect_timeout_s: float, ssl_context: ssl.SSLContext | None = None) -> None:
         self.connect_timeout_s = connect_timeout_s
         # For https engine URLs: a CA bundle and client certificate (mTLS); None: system CAs.
-        self.ssl: ssl.SSLContext | bool = ssl_context or True
-        self._session: aiohttp.ClientSession | None = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            # No pool limit: the gateway must never queue requests behind its own connector;
-            # back-pressure belongs to the engines and the fallback budget.
-            connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=60)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent",),
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s),
-                response_class=LegResponse,
-            )
-        return self._session
+        self.ssl_context = ssl_context
+        self._pool = _Pool()
+        self._targets: dict[str, _Target] = {}
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self._pool.close()
 
-    async def open(
-        self, url: str, body: bytes, request_id: str, timeout_s: float
-    ) -> aiohttp.ClientResponse:
+    def _target(self, url: str) -> _Target:
+        target = self._targets.get(url)
+        if target is not None:
+            return target
+        try:
+            parts = urlsplit(url)
+            tls = parts.scheme == "https"
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(url)
+            port = parts.port or (443 if tls else 80)
+        except ValueError as error:
+            raise LegError("connect", detail=f"invalid engine URL {url!r}") from error
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        netloc = parts.netloc.rsplit("@", 1)[-1]
+        head = f"POST {path} HTTP/1.1\r\nHost: {netloc}\r\n".encode("latin-1") + _HEADERS
+        target = _Target((parts.hostname, port, tls), parts.hostname, port, tls, head)
+        if len(self._targets) >= 1024:  # engine URLs change with configs: keep it bounded
+            self._targets.clear()
+        self._targets[url] = target
+        return target
+
+    async def _connect(
+        self, target: _Target, loop: asyncio.AbstractEventLoop, deadline: float
+    ) -> _Conn:
+        context: ssl.SSLContext | None = None
+        if target.tls:
+            context = self.ssl_context or ssl.create_default_context()
+        async with asyncio.timeout_at(min(deadline, loop.time() + self.connect_timeout_s)):
+            _, conn = await loop.create_connection(
+                lambda: _Conn(self._pool, target.key),
+                target.host,
+                target.port,
+                ssl=context,
+                server_hostname=target.host if context is not None else None,
+            )
+        return conn
+
+    async def open(self, url: str, body: bytes, request_id: str, timeout_s: float) -> LegResponse:
         """POST ``body`` to ``url``; returns the response once its headers arrived (2xx only).
-        ``timeout_s`` bounds the whole exchange, body included. Raises :class:`LegError`.
+        ``timeout_s`` bounds the whole exchange, body included, by one timer per leg (the
+        response's deadline, armed when the request is sent; a new connection's connect is
+        bounded by ``connect_timeout_s`` too): a wait past it raises ``TimeoutError``.
+        Raises :class:`LegError`.
 
-        The bound is one timer per leg, not aiohttp's ``total`` timeout: that one enters a
-        timer context on every read of the body, about 5 % of the relay's CPU per streamed
-        event. Until the headers arrived ``asyncio.timeout_at`` holds it, then the response's
-        deadline (:class:`LegResponse`): a read past it raises ``TimeoutError`` as before."""
-        headers = {**_HEADERS, "X-Request-Id": request_id}
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout_s)
+        A kept-alive connection that the engine closed just as it was reused (no byte of
+        an answer) is retried once on a new connection: the engine cannot have started the
+        work, having closed before reading it or before answering anything."""
+        target = self._target(url)
+        try:
+            rid = request_id.encode("utf-8", "surrogateescape")  # the client's bytes, as sent
+        except UnicodeEncodeError:
+            rid = request_id.encode("utf-8", "replace")
+        request = b"%bX-Request-Id: %b\r\nContent-Length: %d\r\n\r\n%b" % (
+            target.head,
+            rid,
+            len(body),
+            body,
+        )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        leg: LegResponse | None = None
         try:
-            async with asyncio.timeout_at(deadline):
-                response = await self.session.post(
-                    url, data=body, headers=headers, timeout=timeout, ssl=self.ssl
-                )
+            for attempt in range(2):
+                conn = self._pool.take(target.key)
+                if conn is None:
+                    conn = await self._connect(target, loop, deadline)
+                leg = LegResponse(conn, loop)
+                conn.leg = leg
+                leg.deadline = loop.call_at(deadline, leg.expire)
+                assert conn.transport is not None  # noqa: S101 - connected
+                conn.transport.write(request)
+                try:
+                    await leg.headers_arrived()
+                    break
+                except _Disconnected:
+                    leg.close()
+                    if not conn.reused or attempt:
+                        raise
         except TimeoutError as error:
+            if leg is not None:
+                leg.close()
             raise LegError("timeout") from error
-        except aiohttp.ClientError as error:
+        except (OSError, UpstreamError) as error:
+            if leg is not None:
+                leg.close()
             raise LegError("connect", detail=type(error).__name__) from error
-        if isinstance(response, LegResponse):
-            response.deadline = loop.call_at(deadline, _expire, response)
-        if response.status >= 300:
+        except BaseException:
+            if leg is not None:
+                leg.close()
+            raise
+        assert leg is not None  # noqa: S101 - the loop ends with a leg or raises
+        if leg.status >= 300:
             try:
-                detail = (await response.read())[:2000].decode("utf-8", "replace")
-            except (aiohttp.ClientError, TimeoutError):
+                detail = (await leg.read())[:2000].decode("utf-8", "replace")
+            except (UpstreamError, TimeoutError):
                 detail = ""
             finally:
-                response.close()
-            raise LegError("status", response.status, detail)
-        return response
+                leg.close()
+            raise LegError("status", leg.status, detail)
+        return leg
 
     async def call(self, url: str, body: bytes, request_id: str, timeout_s: float) -> bytes:
         """A whole small exchange (the prefill leg, ``/tokenize``): the response body."""
@@ -130,18 +559,18 @@ class Upstream:
             return await response.read()
         except TimeoutError as error:
             raise LegError("timeout") from error
-        except aiohttp.ClientError as error:
+        except UpstreamError as error:
             raise LegError("stream_error", detail=type(error).__name__) from error
         finally:
             response.close()
 
 
-async def first_chunk(response: aiohttp.ClientResponse) -> bytes:
+async def first_chunk(response: LegResponse) -> bytes:
     """The first body bytes of an opened leg (b"" for an empty body). An SSE stream whose
     first event is an error counts as a failed leg (nothing has reached the client yet).
     Raises :class:`LegError`; closes the response on failure and on cancellation."""
     try:
-        chunk = await response.content.readany()
+        chunk = await response.readany()
     except asyncio.CancelledError:
         # The client went away (or the remote path gave up on this leg): close now, which
         # aborts the engine's work and cancels the leg's deadline.
@@ -150,7 +579,7 @@ async def first_chunk(response: aiohttp.ClientResponse) -> bytes:
     except TimeoutError as error:
         response.close()
         raise LegError("timeout") from error
-    except aiohttp.ClientError as error:
+    except UpstreamError as error:
         response.close()
         raise LegError("stream_error", detail=type(error).__name__) from error
     if chunk.startswith(_SSE_ERROR_PREFIX):
@@ -176,61 +605,125 @@ def sse_error_event(message: str, code: str) -> bytes:
     return b"data: " + json.dumps(doc).encode() + b"\n\n"
 
 
+class Client(Protocol):
+    """Where a relayed response goes: aiohttp's response (:class:`AiohttpClient`) or a
+    connection of the gateway's own server (``agents.gateway.fastpath``)."""
+
+    #: What a request handler returns for the response sent (None: the fast path's own).
+    response: web.StreamResponse | None
+
+    @property
+    def transport(self) -> asyncio.WriteTransport | None: ...
+
+    async def begin(
+        self,
+        status: int,
+        headers: dict[str, str],
+        content_type: str,
+        length: int | None,
+        first: bytes,
+        eof: bool,
+    ) -> bool:
+        """Send the status, the headers and ``first`` (in one write); with ``eof`` also the
+        end of the response. Returns whether the body is chunked (the framing the relay's
+        pipe must write in)."""
+        ...
+
+    async def end(self, data: bytes) -> None:
+        """Send ``data`` and the end of the response (in one write)."""
+        ...
+
+    def abort(self) -> None:
+        """Drop the client's connection (a body that cannot be completed)."""
+        ...
+
+
+class AiohttpClient:
+    """The client side of a relay served by aiohttp (the hot endpoints' requests that the
+    fast path hands over, and every request when ``fast_server`` is off)."""
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.response: web.StreamResponse | None = None
+
+    @property
+    def transport(self) -> asyncio.WriteTransport | None:
+        return self.request.transport
+
+    async def begin(
+        self,
+        status: int,
+        headers: dict[str, str],
+        content_type: str,
+        length: int | None,
+        first: bytes,
+        eof: bool,
+    ) -> bool:
+        response = self.response = web.StreamResponse(status=status, headers=headers)
+        response.content_type = content_type
+        if length is not None:
+            response.content_length = length
+        await response.prepare(self.request)
+        # aiohttp sends the headers with the first write, and the last chunk with the
+        # stream's terminator when both come together.
+        if eof:
+            await response.write_eof(first)
+            return False
+        await response.write(first)
+        # aiohttp chose the framing when it prepared the response (chunked for HTTP/1.1
+        # without a length); the relay's pipe follows it.
+        return response.headers.get("Transfer-Encoding", "").lower() == "chunked"
+
+    async def end(self, data: bytes) -> None:
+        assert self.response is not None  # noqa: S101 - begin() came first
+        await self.response.write_eof(data)
+
+    def abort(self) -> None:
+        if self.request.transport is not None:
+            self.request.transport.abort()
+
+
 async def relay(
-    request: web.Request,
-    upstream: aiohttp.ClientResponse,
-    first: bytes,
-    headers: dict[str, str],
-) -> tuple[web.StreamResponse, RelayResult]:
+    client: Client, upstream: LegResponse, first: bytes, headers: dict[str, str]
+) -> RelayResult:
     """Copy an opened upstream response to the client chunk by chunk. Headers go out with the
-    first chunk. A failure after that is an SSE error event (streams) or an aborted
+    first chunk; the rest is piped (:meth:`LegResponse.pipe`) to the client's transport as it
+    arrives, and the bytes that came with the upstream's end leave with the response's end in
+    one write. A failure after the first byte is an SSE error event (streams) or an aborted
     connection (other bodies: the client sees a short body, never a silent truncation).
     The upstream response is always closed on return or cancellation."""
-    content_type = upstream.headers.get("Content-Type", "application/json")
+    content_type = upstream.headers.get("content-type", "application/json")
     is_sse = content_type.startswith("text/event-stream")
-    response = web.StreamResponse(status=upstream.status, headers=headers)
-    response.content_type = content_type.split(";")[0]
-    if not is_sse and upstream.content_length is not None:
-        response.content_length = upstream.content_length
+    headers = dict(headers)
     if is_sse:
-        response.headers["Cache-Control"] = "no-cache"
-    content = upstream.content
+        headers["Cache-Control"] = "no-cache"
+    length = None if is_sse else upstream.content_length
     try:
-        await response.prepare(request)
         events = first.count(b"data:") if is_sse else 0
-        ok = True
-        # Each chunk is written as soon as it was read (never held back), and each read takes
-        # everything the upstream connection has buffered by then. When the upstream's end
-        # came with the bytes just read, they go out with the response's end in one write:
-        # the last event and the stream's terminator in one syscall and one segment.
-        if content.at_eof():
-            await response.write_eof(first)
-            first_at = last_at = time.monotonic()
-            return response, RelayResult(first_at, last_at, events, ok)
-        await response.write(first)
-        first_at = last_at = time.monotonic()
+        eof = upstream.at_eof()
+        chunked = await client.begin(
+            upstream.status, headers, content_type.split(";")[0], length, first, eof
+        )
+        first_at = time.monotonic()
+        if eof:
+            return RelayResult(first_at, first_at, events, True)
+        transport = client.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("the client went away")
         try:
-            while chunk := await content.readany():
-                if is_sse:
-                    events += chunk.count(b"data:")
-                if content.at_eof():
-                    await response.write_eof(chunk)
-                    last_at = time.monotonic()
-                    return response, RelayResult(first_at, last_at, events, ok)
-                await response.write(chunk)
-            last_at = time.monotonic()
-        except (aiohttp.ClientError, TimeoutError) as error:
-            ok = False
-            last_at = time.monotonic()
-            if is_sse:
-                await response.write(
-                    sse_error_event(f"upstream failed: {type(error).__name__}", "upstream_error")
-                )
-            elif request.transport is not None:
-                request.transport.abort()
-                return response, RelayResult(first_at, last_at, events, ok)
-        await response.write_eof()
-        return response, RelayResult(first_at, last_at, events, ok)
+            tail = await upstream.pipe(transport, chunked, is_sse)
+        except (UpstreamError, TimeoutError) as error:
+            last_at = max(upstream.last_at, first_at)
+            events += upstream.events
+            if not is_sse:
+                client.abort()
+                return RelayResult(first_at, last_at, events, False)
+            await client.end(
+                sse_error_event(f"upstream failed: {type(error).__name__}", "upstream_error")
+            )
+            return RelayResult(first_at, last_at, events, False)
+        await client.end(tail)
+        return RelayResult(first_at, time.monotonic(), events + upstream.events, True)
     finally:
         upstream.close()
 

@@ -1,4 +1,5 @@
-"""Running a gateway: the listening server (with handler cancellation, so that a client
+"""Running a gateway: the listening server (the gateway's own for plain completions
+requests in front of aiohttp's, see :mod:`agents.gateway.fastpath`; on both a client
 disconnect cancels the request's upstream legs) and its background loops — config polling,
 engine-metrics scraping for queue depth, and threshold re-tuning.
 
@@ -21,6 +22,7 @@ import aiohttp
 from aiohttp import web
 
 from agents.gateway.app import Gateway, build_app
+from agents.gateway.fastpath import FastServer
 from agents.gateway.poller import ConfigPoller
 
 log = logging.getLogger("pdbridge.gateway")
@@ -89,6 +91,7 @@ class RunningGateway:
     port: int
     session: aiohttp.ClientSession
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    fast: FastServer | None = None
 
     async def stop(self, grace_s: float = 5.0) -> None:
         """Stop the loops, then the server (in-flight requests get ``grace_s`` to finish)."""
@@ -97,6 +100,8 @@ class RunningGateway:
         for task in self.tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.fast is not None:
+            await self.fast.close(grace_s)
         await self.runner.shutdown()
         await self.runner.cleanup()
         await self.session.close()
@@ -117,16 +122,23 @@ async def start(
     app = build_app(gateway)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
-    site = web.TCPSite(
-        runner,
-        settings.host,
-        settings.port,
-        ssl_context=ssl_server,
-        backlog=2048,
-    )
-    await site.start()
-    port = int(runner.addresses[0][1])
-    running = RunningGateway(gateway, runner, port, session)
+    fast: FastServer | None = None
+    if settings.fast_server and runner.server is not None:
+        # The gateway's own server in front: it serves the completions endpoints' plain
+        # requests and hands every other connection to aiohttp's (runner.server).
+        fast = FastServer(gateway, runner.server)
+        port = await fast.start(settings.host, settings.port, ssl_server)
+    else:
+        site = web.TCPSite(
+            runner,
+            settings.host,
+            settings.port,
+            ssl_context=ssl_server,
+            backlog=2048,
+        )
+        await site.start()
+        port = int(runner.addresses[0][1])
+    running = RunningGateway(gateway, runner, port, session, fast=fast)
 
     async def retune() -> None:
         change = gateway.router.retune()
@@ -150,7 +162,12 @@ async def start(
     loop = type(asyncio.get_running_loop())
     log.info(
         "gateway.listening",
-        extra={"host": settings.host, "port": port, "event_loop": loop.__module__.split(".")[0]},
+        extra={
+            "host": settings.host,
+            "port": port,
+            "event_loop": loop.__module__.split(".")[0],
+            "fast_server": fast is not None,
+        },
     )
     return running
 
