@@ -116,6 +116,15 @@ class OutChunk:
         head, payload = self.encoded
         return b"".join((head, PAYLOAD_TAG, varint(len(payload)), payload))
 
+    def parts(self) -> tuple[bytes, memoryview]:
+        """(the small fields, a view of the payload) for the bulk data path, which writes
+        them as they are: a lazily framed chunk is not copied at all; an encoded frame is
+        only cut (the head copied, a few dozen bytes)."""
+        if isinstance(self.encoded, bytes):
+            return split_field(self.encoded, CHUNK_PAYLOAD_FIELD)
+        head, payload = self.encoded
+        return head, payload
+
 
 def encode_chunk(
     data: memoryview, codec: Codec, level: int, kind: Checksum, head: Any, lazy: bool
