@@ -10,8 +10,8 @@ Wire format (all integers little-endian; see ``BulkHello`` in kv.proto):
     sender:   "PDKVBULK"  [u32 head_len, u64 payload_len, head, payload]...
     receiver: [u32 length, Ack]...
 
-The first frame's head is a ``BulkHello`` naming the transfer and its Begin session; every
-later head is a ``Chunk`` without its payload field, followed by ``payload_len`` payload
+The first frame's head is a ``BulkHello`` naming the transfer and its Begin session,
+answered ``ACK_READY`` before the sender writes any chunk; every later head is a ``Chunk`` without its payload field, followed by ``payload_len`` payload
 bytes. A frame with both lengths 0 ends the stream (the receiver closes once it acked
 everything). A refusal is an ``Ack`` with status ``ACK_REFUSED`` and the gRPC status code
 it stands for, after which the receiver closes the connection; other connections and
@@ -107,6 +107,9 @@ class BulkServer:
         self.tls = tls
         self.options = options
         self.connections: set[_BulkConnection] = set()
+        #: The port Begin advertises: the bound one, unless something forwards another
+        #: port to it (a port mapping; the tests' fault proxy).
+        self.advertised_port = port
         self._server: asyncio.Server | None = None
 
     async def start(self) -> int:
@@ -121,6 +124,7 @@ class BulkServer:
                 f"bulk_port: cannot listen on {self.host}:{self.port}: {exc}"
             ) from exc
         self.port = int(self._server.sockets[0].getsockname()[1])
+        self.advertised_port = self.advertised_port or self.port
         return self.port
 
     async def stop(self) -> None:
@@ -274,6 +278,9 @@ class _BulkConnection(asyncio.BufferedProtocol):
                 self._refuse(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             except BeginRefused as exc:
                 self._refuse(exc.code, exc.detail)
+            except Exception as exc:  # a bug must cost this connection, never the server
+                log.exception("bulk_internal_error peer=%s", self.peer)
+                self._refuse(grpc.StatusCode.INTERNAL, f"bulk: {type(exc).__name__}: {exc}")
 
     def _expect(self, state: str, need: int) -> None:
         self.state, self.need, self.got = state, need, 0
@@ -322,6 +329,7 @@ class _BulkConnection(asyncio.BufferedProtocol):
                 f"bulk: session does not match the Begin of transfer {hello.transfer_id!r}",
             )
         self.transfer_id = hello.transfer_id
+        self._ack(0, pb.ACK_READY, transfer.contiguous)
 
     def _chunk_head(self, head: bytes) -> None:
         try:
@@ -369,7 +377,12 @@ class _BulkConnection(asyncio.BufferedProtocol):
             self.decoding = asyncio.ensure_future(self._decode_async(chunk, payload))
             return
         else:
-            self._decode(chunk, payload, decode_chunk(*self._decode_args(chunk, payload)))
+            try:
+                raw = decode_chunk(*self._decode_args(chunk, payload))
+            except CorruptChunk as exc:
+                self._corrupt(chunk, exc)
+            else:
+                self._decode(chunk, payload, raw)
         self._expect("prefix", PREFIX.size)
 
     def _decode_args(self, chunk: Any, payload: memoryview) -> tuple[Any, ...]:
@@ -526,33 +539,40 @@ class BulkStream:
             protocol_version=PROTOCOL_VERSION, transfer_id=transfer_id, session=session
         ).SerializeToString()
         first = MAGIC + PREFIX.pack(len(hello), 0) + hello
-        async with asyncio.timeout(timeout):
-            if tls.insecure:
-                infos = await stream._loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-                family, kind, proto, _, address = infos[0]
-                sock = socket.socket(family, kind, proto)
-                try:
-                    sock.setblocking(False)
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    await stream._loop.sock_connect(sock, address)
-                except BaseException:
-                    sock.close()
-                    raise
-                stream._sock = sock
-            else:
-                stream._reader, stream._writer = await asyncio.open_connection(
-                    host,
-                    port,
-                    ssl=tls.ssl_context(server_side=False),
-                    server_hostname=tls.server_name or host,
-                    ssl_handshake_timeout=timeout,
-                    limit=MAX_ACK * 4,
-                )
-                raw = stream._writer.get_extra_info("socket")
-                if raw is not None:
-                    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            await stream._write([first])
+        try:
+            async with asyncio.timeout(timeout):
+                await stream._connect(host, port, tls, timeout)
+                await stream._write([first])
+                # Chunks wait for the receiver's READY: a path that accepts connections
+                # and then drops them fails here, before any chunk is charged an attempt.
+                ready = await stream.read()
+            if ready is eof or ready.status != pb.ACK_READY:
+                raise BulkBroken("data connection closed before the receiver was ready")
+        except BaseException:
+            stream.cancel()
+            raise
         return stream
+
+    async def _connect(self, host: str, port: int, tls: TLSConfig, timeout: float) -> None:
+        if tls.insecure:
+            infos = await self._loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            family, kind, proto, _, address = infos[0]
+            self._sock = socket.socket(family, kind, proto)
+            self._sock.setblocking(False)
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            await self._until_dead(self._loop.sock_connect(self._sock, address))
+            return
+        self._reader, self._writer = await asyncio.open_connection(
+            host,
+            port,
+            ssl=tls.ssl_context(server_side=False),
+            server_hostname=tls.server_name or host,
+            ssl_handshake_timeout=timeout,
+            limit=MAX_ACK * 4,
+        )
+        raw = self._writer.get_extra_info("socket")
+        if raw is not None:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     async def _until_dead(self, aw: Any) -> Any:
         """Await ``aw`` unless the stream is cancelled first (then BulkBroken)."""

@@ -97,7 +97,7 @@ class _Servicer:
             request = _parse(pb.BeginRequest, data, "begin")
             reply = self.store.begin(request, f"{identity}@{host}")
             if request.want_bulk and self.server.bulk is not None:
-                reply.bulk_port = self.server.bulk.port
+                reply.bulk_port = self.server.bulk.advertised_port
             return bytes(reply.SerializeToString())
         except ChunkRejected as exc:
             await self._invalid(context, exc)
