@@ -163,6 +163,7 @@ class _BulkConnection(asyncio.BufferedProtocol):
         self.decoding: asyncio.Task[None] | None = None
         self.handshake: asyncio.Task[None] | None = None
         self.backlog: list[bytes] = []
+        self.hello_timer: asyncio.TimerHandle | None = None
 
     # -- transport callbacks --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -176,10 +177,19 @@ class _BulkConnection(asyncio.BufferedProtocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # A connection must name its transfer soon: an idle or silent one is not kept.
+        self.hello_timer = asyncio.get_running_loop().call_later(
+            _HANDSHAKE_TIMEOUT_S, self._hello_overdue
+        )
         if not self.server.tls.insecure:
             # Nothing may be read before the TLS handshake owns the socket.
             transport.pause_reading()  # type: ignore[attr-defined]
             self.handshake = asyncio.ensure_future(self._start_tls(transport))
+
+    def _hello_overdue(self) -> None:
+        if not self.transfer_id and not self.closing:
+            log.warning("bulk_hello_overdue peer=%s", self.peer)
+            self.abort()
 
     async def _start_tls(self, raw: asyncio.BaseTransport) -> None:
         """Handshake (client certificate required), check the allowlist, and only then
@@ -472,6 +482,8 @@ class _BulkConnection(asyncio.BufferedProtocol):
 
     def _gone(self) -> None:
         self.closing = True
+        if self.hello_timer is not None:
+            self.hello_timer.cancel()
         if self.decoding is not None:
             self.decoding.cancel()
         self._release()
@@ -597,7 +609,10 @@ class BulkStream:
             await self._until_dead(self._writer.drain())
             return
         # One sendmsg for head and payload; whatever the socket did not take goes out with
-        # sock_sendall of the remaining views (never a copy of the payload).
+        # sock_sendall of the remaining views (never a copy of the payload). On loopback
+        # the socket usually takes a whole 4 MiB chunk at once. (Blocking sendall from a
+        # worker thread instead measured no better: the thread wake-ups cost what the
+        # loop's wake-ups did.)
         try:
             sent = self._sock.sendmsg(parts)
         except (BlockingIOError, InterruptedError):
