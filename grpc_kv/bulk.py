@@ -35,6 +35,7 @@ import logging
 import socket
 import ssl
 import struct
+import threading
 from typing import Any
 
 import grpc
@@ -59,6 +60,10 @@ MAX_ACK = 64 * 1024
 #: Chunks above this many bytes that need decompressing are decoded in a worker thread.
 _THREAD_DECODE_BYTES = 256 * 1024
 _HANDSHAKE_TIMEOUT_S = 10.0
+#: A sender's blocking write gives up after this long without progress (the stall
+#: detector normally closes a dead connection well before).
+_SEND_TIMEOUT_S = 60.0
+_THREAD_SEND = __import__("os").environ.get("PDBRIDGE_KV_BULK_THREAD_SEND", "1") == "1"
 
 
 class BulkRefused(Exception):
@@ -527,6 +532,11 @@ class BulkStream:
         self._eof = eof
         self._loop = asyncio.get_running_loop()
         self._sock: socket.socket | None = None
+        #: A duplicate of ``_sock`` with a timeout, for worker-thread writes (same file
+        #: description: still non-blocking for the loop's reads on ``_sock``).
+        self._wsock: socket.socket | None = None
+        self._wlock = threading.Lock()
+        self._wbusy = False
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._rbuf = bytearray()
@@ -573,6 +583,8 @@ class BulkStream:
             self._sock.setblocking(False)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             await self._until_dead(self._loop.sock_connect(self._sock, address))
+            self._wsock = self._sock.dup()
+            self._wsock.settimeout(_SEND_TIMEOUT_S)
             return
         self._reader, self._writer = await asyncio.open_connection(
             host,
@@ -608,22 +620,49 @@ class BulkStream:
                 self._writer.write(part)
             await self._until_dead(self._writer.drain())
             return
-        # One sendmsg for head and payload; whatever the socket did not take goes out with
-        # sock_sendall of the remaining views (never a copy of the payload). On loopback
-        # the socket usually takes a whole 4 MiB chunk at once. (Blocking sendall from a
-        # worker thread instead measured no better: the thread wake-ups cost what the
-        # loop's wake-ups did.)
+        if _THREAD_SEND and self._wsock is not None:
+            await self._until_dead(self._loop.run_in_executor(None, self._send_rest, parts))
+            return
+        # One sendmsg for head and payload (no copy of the payload: memoryviews); whatever
+        # the socket did not take goes out with sock_sendall of the remaining view.
         try:
             sent = self._sock.sendmsg(parts)
         except (BlockingIOError, InterruptedError):
             sent = 0
+        rest = []
         for part in parts:
             if sent >= len(part):
                 sent -= len(part)
                 continue
-            view = memoryview(part)[sent:]
+            rest.append(memoryview(part)[sent:])
             sent = 0
+        for view in rest:
             await self._until_dead(self._loop.sock_sendall(self._sock, view))
+
+    def _send_rest(self, parts: list[bytes | memoryview]) -> None:
+        """Blocking, in a worker thread: ``sendall`` on a duplicate of the socket that has
+        a timeout, so CPython waits for buffer space in C with the GIL released, and the
+        kernel's copy (the sender's largest cost) runs beside the event loop instead of on
+        it. The descriptor is closed by whoever finishes last, never under a running send
+        (a closed and reused fd would take these bytes into another connection)."""
+        with self._wlock:
+            wsock = self._wsock
+            if wsock is None:
+                raise BulkBroken("data connection closed")
+            self._wbusy = True
+        try:
+            sent = wsock.sendmsg(parts)  # one syscall for head and payload, mostly
+            for part in parts:
+                if sent >= len(part):
+                    sent -= len(part)
+                    continue
+                wsock.sendall(memoryview(part)[sent:])
+                sent = 0
+        finally:
+            with self._wlock:
+                self._wbusy = False
+                if self._wsock is None:
+                    wsock.close()
 
     async def send(self, head: bytes, payload: memoryview) -> None:
         """Write one chunk (returns once the kernel took it)."""
@@ -677,7 +716,13 @@ class BulkStream:
             if fd >= 0:
                 self._loop.remove_reader(fd)
                 self._loop.remove_writer(fd)
+                with contextlib.suppress(OSError):  # wakes a worker thread blocked in send
+                    self._sock.shutdown(socket.SHUT_RDWR)
             self._loop.call_soon(self._sock.close)
+            with self._wlock:
+                wsock, self._wsock = self._wsock, None
+                if wsock is not None and not self._wbusy:
+                    wsock.close()
         elif self._writer is not None:
             self._writer.transport.abort()
 

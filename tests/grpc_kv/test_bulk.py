@@ -163,22 +163,27 @@ def test_data_connections_cut_mid_transfer_resume_resending_at_most_the_window()
                 await asyncio.sleep(0.5)
                 proxy.restore()
 
+            fds_before = len(os.listdir("/proc/self/fd"))
             cutter = asyncio.create_task(cut_midway())
             summary, got = await send(target, data, options, server=server)
             await cutter
             resets = proxy.stats.resets
             await asyncio.sleep(0.05)
             open_conns = len(server.bulk.connections) + connections_to(proxy.port)
+            # The sender's sockets (and their duplicates for worker-thread writes) and the
+            # proxy's upstream ones are closed too: no descriptor outlives the transfer.
+            fds_after = len(os.listdir("/proc/self/fd"))
             await proxy.stop()
-            return summary, got, resets, open_conns
+            return summary, got, resets, open_conns, fds_after - fds_before
 
-    summary, got, resets, open_conns = run(scenario())
+    summary, got, resets, open_conns, fd_growth = run(scenario())
 
     assert resets >= 1
     assert got == data
     assert summary.resumes >= 1
     assert summary.resent_bytes <= window * chunk
     assert open_conns == 0
+    assert fd_growth <= 0
 
 
 # -- the data port's own defences --------------------------------------------------------
