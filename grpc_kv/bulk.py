@@ -36,6 +36,7 @@ import socket
 import ssl
 import struct
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -610,12 +611,16 @@ class BulkStream:
             raise BulkBroken("data connection closed")
         return fut.result()
 
-    async def _write(self, parts: list[bytes | memoryview]) -> None:
+    async def _write(self, parts: Any) -> None:
+        """Write ``parts`` (a list of buffers, or a callable returning one, called by the
+        writer itself: in the worker thread for plaintext)."""
         if self._dead.done():
             raise BulkBroken("data connection closed")
         if self._sock is None:
             if self._writer is None:
                 raise BulkBroken("data connection not open")
+            if callable(parts):
+                parts = parts()
             for part in parts:
                 self._writer.write(part)
             await self._until_dead(self._writer.drain())
@@ -623,6 +628,8 @@ class BulkStream:
         if _THREAD_SEND and self._wsock is not None:
             await self._until_dead(self._loop.run_in_executor(None, self._send_rest, parts))
             return
+        if callable(parts):
+            parts = parts()
         # One sendmsg for head and payload (no copy of the payload: memoryviews); whatever
         # the socket did not take goes out with sock_sendall of the remaining view.
         try:
@@ -639,7 +646,7 @@ class BulkStream:
         for view in rest:
             await self._until_dead(self._loop.sock_sendall(self._sock, view))
 
-    def _send_rest(self, parts: list[bytes | memoryview]) -> None:
+    def _send_rest(self, parts: Any) -> None:
         """Blocking, in a worker thread: ``sendall`` on a duplicate of the socket that has
         a timeout, so CPython waits for buffer space in C with the GIL released, and the
         kernel's copy (the sender's largest cost) runs beside the event loop instead of on
@@ -651,6 +658,8 @@ class BulkStream:
                 raise BulkBroken("data connection closed")
             self._wbusy = True
         try:
+            if callable(parts):
+                parts = parts()
             sent = wsock.sendmsg(parts)  # one syscall for head and payload, mostly
             for part in parts:
                 if sent >= len(part):
@@ -664,9 +673,15 @@ class BulkStream:
                 if self._wsock is None:
                     wsock.close()
 
-    async def send(self, head: bytes, payload: memoryview) -> None:
-        """Write one chunk (returns once the kernel took it)."""
-        await self._write([PREFIX.pack(len(head), len(payload)) + head, payload])
+    async def send(self, parts: Callable[[], tuple[bytes, memoryview]]) -> None:
+        """Write one chunk; ``parts`` returns its head and payload and is called by the
+        writer (see OutChunk.bulk_parts). Returns once the kernel took the bytes."""
+
+        def frame() -> list[bytes | memoryview]:
+            head, payload = parts()
+            return [PREFIX.pack(len(head), len(payload)) + head, payload]
+
+        await self._write(frame)
 
     async def done_writing(self) -> None:
         """End the stream; the receiver closes after acknowledging what it got."""
