@@ -8,12 +8,20 @@ import asyncio
 import os
 import socket
 import ssl
+import time
 
 import grpc
 import pytest
 import torch
 
-from grpc_kv.api import LinkOptions, ReceiverOptions, TLSConfig, open_transfer
+from grpc_kv.api import (
+    LinkOptions,
+    ReceiverOptions,
+    TLSConfig,
+    TransferFailed,
+    TransferTimeout,
+    open_transfer,
+)
 from grpc_kv.bulk import ACK_PREFIX, MAGIC, PREFIX
 from grpc_kv.codec import Checksum, checksum
 from grpc_kv.faultproxy import FaultProxy, Flip
@@ -448,3 +456,51 @@ def test_options_name_the_bad_field():
         LinkOptions(data_path="rdma")
     with pytest.raises(ValueError, match="bulk_port"):
         ReceiverOptions(bulk_port=70000)
+
+
+def test_data_path_black_holed_past_the_deadline_fails_both_sides_in_time_and_frees_all():
+    deadline_ms = 2000
+    options = BULK.replace(chunk_size_bytes=64 * 1024, timeout_ms=deadline_ms, rpc_timeout_ms=500)
+
+    async def scenario():
+        async with receiver() as (server, target):
+            proxy = await proxied_bulk(server)
+            header = make_header({"kv": 0})
+            times = {}
+            start = time.monotonic()
+
+            async def consume():
+                try:
+                    async with await server.open(header.transfer_id, 30.0) as reader:
+                        async for _ in reader:
+                            pass
+                except TransferFailed:
+                    times["receiver"] = time.monotonic() - start
+
+            async def doomed_transfer():
+                async with open_transfer(target, header, options, INSECURE) as tx:
+                    await tx.send_layer("kv", os.urandom(1 << 20), final=False)
+                    while not server.metrics.value("pdbridge_kv_chunks_total", role="receiver"):
+                        await asyncio.sleep(0.01)
+                    proxy.cut("blackhole")  # connections stay up, bytes vanish
+                    await tx.send_layer("kv", os.urandom(4 << 20), final=True)
+                    await tx.finish()
+
+            consumer = asyncio.create_task(consume())
+            with pytest.raises(TransferTimeout):
+                await doomed_transfer()
+            times["sender"] = time.monotonic() - start
+            await consumer
+            proxy.restore()
+            await asyncio.sleep(0.1)
+            open_conns = connections_to(proxy.port) + len(server.bulk.connections)
+            await proxy.stop()
+            return times, server.memory_in_use, server.active_transfers, open_conns
+
+    times, memory, active, open_conns = run(scenario())
+
+    assert times["sender"] <= deadline_ms / 1000 + 1.0
+    assert times["receiver"] <= deadline_ms / 1000 + 1.0
+    assert memory == 0
+    assert active == 0
+    assert open_conns == 0
