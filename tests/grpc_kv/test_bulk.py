@@ -504,3 +504,34 @@ def test_data_path_black_holed_past_the_deadline_fails_both_sides_in_time_and_fr
     assert memory == 0
     assert active == 0
     assert open_conns == 0
+
+
+def test_an_abandoned_bulk_transfer_is_cancelled_on_both_sides_and_closes_its_connections():
+    async def scenario():
+        async with receiver() as (server, target):
+            header = make_header({"kv": 0})
+
+            async def abandoned():
+                async with open_transfer(target, header, BULK, INSECURE) as tx:
+                    await tx.send_layer("kv", os.urandom(2 << 20), final=False)
+                    while not server.metrics.value("pdbridge_kv_chunks_total", role="receiver"):
+                        await asyncio.sleep(0.01)
+                    raise RuntimeError("producer gave up")
+
+            with pytest.raises(RuntimeError, match="producer gave up"):
+                await abandoned()
+            for _ in range(100):  # the receiver sees the connections close on its loop
+                if not server.bulk.connections and not connections_to(server.bulk.port):
+                    break
+                await asyncio.sleep(0.01)
+            return (
+                len(server.bulk.connections) + connections_to(server.bulk.port),
+                server.memory_in_use,
+                server.active_transfers,
+            )
+
+    open_conns, memory, active = run(scenario())
+
+    assert open_conns == 0
+    assert memory == 0
+    assert active == 0
