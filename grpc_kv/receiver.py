@@ -22,7 +22,8 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from grpc_kv.alloc import tune_allocator
-from grpc_kv.bulk import BulkServer, split_target
+from grpc_kv.bulk import split_target
+from grpc_kv.bulk_server import BulkServer
 from grpc_kv.codec import CorruptChunk
 from grpc_kv.manifest import Fingerprint, fingerprint_from_pb
 from grpc_kv.metrics import LinkMetrics
