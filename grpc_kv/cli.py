@@ -71,6 +71,8 @@ async def _serve(args: argparse.Namespace) -> int:
         max_chunk_bytes=int(args.max_chunk_mb * MIB),
         ttl_s=args.ttl_s,
         accept_unverified=args.accept_unverified,
+        bulk=not args.no_bulk,
+        bulk_port=args.bulk_port,
     )
     server = ReceiverServer(args.bind, options, _tls(args), local_socket=args.local_socket)
     port = await server.start()
@@ -82,7 +84,8 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    print(json.dumps({"event": "kv_serve_ready", "port": port}), flush=True)
+    bulk_port = server.bulk.port if server.bulk else None
+    print(json.dumps({"event": "kv_serve_ready", "port": port, "bulk_port": bulk_port}), flush=True)
     await stop.wait()
     await server.stop(args.grace_s)
     return 0
@@ -112,6 +115,7 @@ async def _loopback(args: argparse.Namespace) -> int:
         compression=args.compression,
         connections=args.connections,
         timeout_ms=args.timeout_ms,
+        data_path=args.data_path,
     )
     result = await loopback(
         args.to,
@@ -184,6 +188,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="accept transfers sent with checksum none (diagnostics; refused by default)",
     )
     serve.add_argument("--grace-s", type=float, default=2.0)
+    serve.add_argument(
+        "--bulk-port",
+        type=int,
+        default=0,
+        help="port of the bulk data endpoint on the --bind host (0 = ephemeral)",
+    )
+    serve.add_argument(
+        "--no-bulk", action="store_true", help="do not offer the bulk data path (gRPC chunks only)"
+    )
     _tls_args(serve)
 
     probe = sub.add_parser("probe", help="bandwidth (Mbit/s) and RTT to a receiver")
@@ -202,6 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
     loop.add_argument("--compression", default="auto")
     loop.add_argument("--connections", type=int, default=2)
     loop.add_argument("--timeout-ms", type=int, default=60_000)
+    loop.add_argument(
+        "--data-path",
+        choices=("grpc", "bulk"),
+        default="grpc",
+        help="chunks over gRPC streams or the bulk data connections",
+    )
     loop.add_argument("--json", action="store_true")
     _tls_args(loop)
 

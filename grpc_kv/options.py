@@ -13,6 +13,7 @@ from typing import Any
 from grpc_kv.codec import Checksum, Codec
 
 MIB = 1 << 20
+DATA_PATHS = ("grpc", "bulk")
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,17 @@ class LinkOptions:
     keepalive_ms: int = 1000
     #: Encoded bytes a producer may have queued or in flight before send_layer blocks.
     send_buffer_bytes: int = 512 * MIB
+    #: ``grpc``: chunks travel as gRPC messages on the Push streams. ``bulk``: gRPC stays
+    #: the control plane (Begin, acks' meaning, Finish, Cancel) but chunks go over raw
+    #: data connections (TLS with the same certificates unless insecure) that the receiver
+    #: advertises in Begin, bypassing grpcio's message copies (docs/kv-link.md, "Bulk data
+    #: path"). A receiver that does not offer it gets gRPC chunks. Default ``grpc`` until
+    #: the bulk path has run in production.
+    data_path: str = "grpc"
 
     def __post_init__(self) -> None:
+        if self.data_path not in DATA_PATHS:
+            raise ValueError(f"data_path: {self.data_path!r} is not one of {', '.join(DATA_PATHS)}")
         object.__setattr__(self, "compression", _enum(Codec, self.compression, "compression"))
         object.__setattr__(self, "checksum", _enum(Checksum, self.checksum, "checksum"))
         positive = (
@@ -119,10 +129,18 @@ class ReceiverOptions:
     #: diagnostics only). Off: such a transfer is refused at Begin (FAILED_PRECONDITION), so
     #: a misconfigured sender can never hand unverified KV to a decode engine.
     accept_unverified: bool = False
+    #: Offer the bulk data path (a second listening TCP port, TLS like the gRPC port) to
+    #: senders that ask for it in Begin. Off: every sender uses gRPC chunks.
+    bulk: bool = True
+    #: Port of the bulk data endpoint on the gRPC bind address (0 = ephemeral; set it when
+    #: a firewall must know the port).
+    bulk_port: int = 0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.bulk_port <= 65535:
+            raise ValueError(f"bulk_port: must be 0..65535, got {self.bulk_port!r}")
         for f in dataclasses.fields(self):
-            if f.type in (bool, "bool"):
+            if f.type in (bool, "bool") or f.name == "bulk_port":
                 continue
             if getattr(self, f.name) <= 0:
                 raise ValueError(f"{f.name}: must be > 0, got {getattr(self, f.name)!r}")

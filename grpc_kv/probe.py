@@ -109,6 +109,7 @@ async def loopback(
             seconds=round(summary.seconds, 3),
             mbit_s=round(summary.goodput_mbit_s, 2),
             codecs=summary.codecs,
+            data_path=summary.data_path,
         )
     except Exception as exc:  # evidence records the failure instead of raising
         evidence.update(ok=False, error=f"{type(exc).__name__}: {exc}")

@@ -22,6 +22,8 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from grpc_kv.alloc import tune_allocator
+from grpc_kv.bulk import split_target
+from grpc_kv.bulk_server import BulkServer
 from grpc_kv.codec import CorruptChunk
 from grpc_kv.manifest import Fingerprint, fingerprint_from_pb
 from grpc_kv.metrics import LinkMetrics
@@ -94,7 +96,10 @@ class _Servicer:
         host = context.peer().rpartition(":")[0]
         try:
             request = _parse(pb.BeginRequest, data, "begin")
-            return bytes(self.store.begin(request, f"{identity}@{host}").SerializeToString())
+            reply = self.store.begin(request, f"{identity}@{host}")
+            if request.want_bulk and self.server.bulk is not None:
+                reply.bulk_port = self.server.bulk.advertised_port
+            return bytes(reply.SerializeToString())
         except ChunkRejected as exc:
             await self._invalid(context, exc)
         except BeginRefused as exc:
@@ -245,6 +250,8 @@ class ReceiverServer:
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._local: grpc.aio.Server | None = None
+        #: The bulk data endpoint (None until started, or when ``options.bulk`` is off).
+        self.bulk: BulkServer | None = None
 
     @property
     def memory_in_use(self) -> int:
@@ -282,6 +289,17 @@ class ReceiverServer:
             raise RuntimeError(f"bind: cannot listen on {self.bind}")
         self.port = port
         self.store.start()
+        if self.options.bulk:
+            host, _ = split_target(self.bind)
+            self.bulk = BulkServer(
+                host, self.options.bulk_port, self.store, self.metrics, self.tls, self.options
+            )
+            try:
+                await self.bulk.start()
+            except RuntimeError:
+                await self._server.stop(None)
+                await self.store.stop()
+                raise
         await self._server.start()
         if self.local_socket is not None:
             self.local_socket.unlink(missing_ok=True)
@@ -294,12 +312,20 @@ class ReceiverServer:
             await self._local.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
-        log.info("receiver_started bind=%s port=%d insecure=%s", self.bind, port, self.tls.insecure)
+        log.info(
+            "receiver_started bind=%s port=%d bulk_port=%s insecure=%s",
+            self.bind,
+            port,
+            self.bulk.port if self.bulk else None,
+            self.tls.insecure,
+        )
         return port
 
     async def stop(self, grace: float | None = 1.0) -> None:
         """Stop accepting, let in-flight RPCs finish for ``grace`` seconds, fail the rest."""
         await self.health.enter_graceful_shutdown()
+        if self.bulk is not None:
+            await self.bulk.stop()
         for server in (self._local, self._server):
             if server is not None:
                 await server.stop(grace)

@@ -45,6 +45,9 @@ class TransferSummary:
     codecs: dict[str, int] = field(default_factory=dict)
     #: The per-chunk checksum used: xxh3 | crc32c | none (``none``: nothing was verified).
     checksum: str = "xxh3"
+    #: Where the chunks went: ``grpc`` (Push streams) or ``bulk`` (data connections); a
+    #: sender that asked for ``bulk`` of a receiver that does not offer it says ``grpc``.
+    data_path: str = "grpc"
 
     @property
     def goodput_mbit_s(self) -> float:

@@ -28,6 +28,7 @@ from typing import Any
 
 import grpc
 
+from grpc_kv.bulk import BulkRefused, BulkStream, is_certificate_error
 from grpc_kv.codec import (
     CHECKSUM_TO_PB,
     CODEC_TO_PB,
@@ -96,6 +97,8 @@ class Transfer:
         self._done = False
         self._active = False
         self._timers: set[asyncio.Future[None]] = set()
+        #: Bulk data port the receiver advertised in Begin (0: chunks go over gRPC).
+        self._bulk_port = 0
         #: Push streams that broke (RPC error, stall): their call objects outlive them.
         self.broken_calls = 0
         self.finished = False  # finish() returned: every chunk acknowledged
@@ -145,10 +148,25 @@ class Transfer:
             session=self.session,
             deadline_ms=max(1, int(self.remaining() * 1000)),
             checksum=CHECKSUM_TO_PB[self.options.checksum],
+            want_bulk=self.options.data_path == "bulk",
         )
         reply = await self.link.unary(index, "Begin", pb.BeginReply)(
             request, timeout=self._rpc_timeout()
         )
+        if not resume and request.want_bulk:
+            # The data path is settled by the first Begin: a receiver that does not offer
+            # bulk (an older one, or ReceiverOptions(bulk=False)) gets gRPC chunks.
+            self._bulk_port = int(reply.bulk_port)
+            self.summary.data_path = "bulk" if self._bulk_port else "grpc"
+            if not self._bulk_port:
+                log.info(
+                    "bulk_unavailable transfer_id=%s target=%s detail=%s",
+                    self.header.transfer_id,
+                    self.link.target,
+                    "receiver does not offer the bulk data path; using gRPC chunks",
+                )
+        elif resume and self._bulk_port and reply.bulk_port:
+            self._bulk_port = int(reply.bulk_port)
         if resume:
             held = set(reply.held)
             for chunk in list(self._unacked.values()):
@@ -257,6 +275,18 @@ class Transfer:
             codec=CODEC_TO_PB[codec],
             raw_length=len(piece),
         )
+        if (
+            self._bulk_port
+            and codec is Codec.NONE
+            and lazy
+            and self.options.checksum is not Checksum.NONE
+        ):
+            # The bulk writer checksums the slice right before writing it (bulk_parts).
+            chunk = OutChunk(seq, (b"", piece), len(piece), len(piece), 0)
+            chunk.deferred = (head, self.options.checksum, self._record_checksum)
+            self._checksums.append(0)  # filled in when the chunk is first written
+            await self._queue_chunk(chunk, codec)
+            return
         args = (piece, codec, self.options.zstd_level, self.options.checksum, head, lazy)
         # Uncompressed chunks cost one copy and a checksum (about a millisecond for 4 MiB):
         # cheaper on the loop than a thread hop, which on a busy machine waits for a core.
@@ -269,6 +299,16 @@ class Transfer:
         raw_sum = int(head.checksum)
         chunk = OutChunk(seq, encoded, len(piece), wire, raw_sum)
         self._checksums.append(raw_sum)
+        await self._queue_chunk(chunk, codec)
+
+    def _record_checksum(self, seq: int, value: int) -> None:
+        """A deferred checksum, computed by the bulk writer (possibly in a worker thread:
+        one list item assignment). Every chunk is written before it can be acknowledged,
+        so the trailer's digest never sees a placeholder."""
+        self._checksums[seq] = value
+
+    async def _queue_chunk(self, chunk: OutChunk, codec: Codec) -> None:
+        seq = chunk.seq
         self.summary.codecs[codec.value] = self.summary.codecs.get(codec.value, 0) + 1
         async with self._cond:
             while self._buffered + chunk.wire > self.options.send_buffer_bytes and self._unacked:
@@ -433,12 +473,24 @@ class Transfer:
                 await self._stream(index)
                 failures = 0
                 resume = False
+            except BulkRefused as exc:
+                self._fail(TransferRefused(f"bulk: {exc}", exc.code))
+                await self._requeue_connection(index)
+                await self._notify()
+                return
             except (
                 grpc.aio.AioRpcError,
                 grpc.aio.UsageError,
                 asyncio.InvalidStateError,
                 _StreamStalled,
+                OSError,  # the bulk data path: refused, reset, unreachable, TLS failure
             ) as exc:
+                if isinstance(exc, OSError) and is_certificate_error(exc):
+                    self._fail(
+                        TransferRefused(
+                            f"bulk: TLS handshake refused: {exc}", grpc.StatusCode.UNAVAILABLE
+                        )
+                    )
                 self.broken_calls += 1
                 if isinstance(exc, grpc.aio.AioRpcError):
                     with contextlib.suppress(TransferError):
@@ -461,8 +513,24 @@ class Transfer:
             if chunk.conn == index:
                 await self._requeue(chunk, counts=True)
 
+    async def _open_stream(self, index: int) -> Any:
+        """A Push call on connection ``index``, or a bulk data connection standing in for
+        one (same interface: write/send, read -> ack or EOF, done_writing, cancel)."""
+        if not self._bulk_port:
+            return self.link.push(index)(timeout=max(self.remaining(), 0.01))
+        return await BulkStream.open(
+            self.link.target,
+            self._bulk_port,
+            self.link.tls,
+            self.header.transfer_id,
+            self.session,
+            self._rpc_timeout(),
+            EOF,
+        )
+
     async def _stream(self, index: int) -> None:
-        call = self.link.push(index)(timeout=max(self.remaining(), 0.01))
+        call = await self._open_stream(index)
+        bulk = isinstance(call, BulkStream)
         reader = asyncio.create_task(self._read_acks(call, index))
         chunk: OutChunk | None = None
         try:
@@ -475,8 +543,16 @@ class Transfer:
                     await self._requeue(chunk, counts=False)
                     break
                 try:
-                    await call.write(chunk.frame())
-                except (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError):
+                    if bulk:
+                        await call.send(chunk.bulk_parts)
+                    else:
+                        await call.write(chunk.frame())
+                except (
+                    grpc.aio.AioRpcError,
+                    grpc.aio.UsageError,
+                    asyncio.InvalidStateError,
+                    OSError,  # BulkBroken, a reset data connection
+                ):
                     await self._requeue(chunk, counts=True)
                     break
                 if chunk.sends:
@@ -490,6 +566,8 @@ class Transfer:
                 await call.done_writing()
             await reader
         finally:
+            if bulk:
+                call.cancel()  # closes the data connection, however the stream ended
             if not reader.done():
                 reader.cancel()
                 call.cancel()

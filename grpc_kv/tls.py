@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,11 +139,38 @@ class TLSConfig:
             for key in ("x509_common_name", "x509_subject_alternative_name")
             for value in auth.get(key, [])
         ]
+        return self.check_names(names)
+
+    def check_names(self, names: Sequence[str]) -> str:
+        """The peer's identity (the first of its certificate's names) or PeerRejected when
+        it has none or an allowlist is set and names none of them. Shared by gRPC and the
+        bulk data path, so both admit exactly the same peers."""
         if not names:
             raise PeerRejected("no client certificate")
         if self.allowed_peers is not None and not set(names) & set(self.allowed_peers):
             raise PeerRejected(f"peer {names[0]!r} is not on the allowlist")
         return names[0]
+
+    # -- the bulk data path (Python's ssl, not grpc's) -----------------------------------
+    def ssl_context(self, server_side: bool) -> ssl.SSLContext:
+        """An ``ssl`` context with the same files and rules as the gRPC credentials: peer
+        certificate REQUIRED and verified against the CA on both sides; the client checks
+        the server's name (``server_name`` or the host it dials). Rebuilt when the files
+        change on disk (the next connection uses the new ones)."""
+        ca_file, cert_file, key_file = self._files()
+        key = "ssl_server" if server_side else "ssl_client"
+        stamp = self._stamp()
+        cached = self._state.get(key)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        proto = ssl.PROTOCOL_TLS_SERVER if server_side else ssl.PROTOCOL_TLS_CLIENT
+        ctx = ssl.SSLContext(proto)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.load_cert_chain(cert_file, key_file)
+        ctx.load_verify_locations(cafile=ca_file)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        self._state[key] = (stamp, ctx)
+        return ctx
 
     # -- client side ---------------------------------------------------------------------
     def channel_credentials(self) -> grpc.ChannelCredentials:
@@ -160,3 +188,13 @@ class TLSConfig:
         if self.server_name:
             opts.append(("grpc.ssl_target_name_override", self.server_name))
         return grpc.aio.secure_channel(target, self.channel_credentials(), options=opts)
+
+
+def peercert_names(cert: dict[str, Any] | None) -> list[str]:
+    """Common name and subject alternative names of a peer certificate as returned by
+    ``SSLObject.getpeercert()`` (the same names gRPC's auth context lists)."""
+    if not cert:
+        return []
+    names = [value for rdn in cert.get("subject", ()) for key, value in rdn if key == "commonName"]
+    names += [value for _kind, value in cert.get("subjectAltName", ())]
+    return names

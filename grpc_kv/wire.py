@@ -105,6 +105,10 @@ class OutChunk:
     sends: int = 0
     conn: int = -1
     queued: bool = False
+    #: Bulk data path, uncompressed: (Chunk head without its checksum, checksum kind,
+    #: callback(seq, checksum)). The checksum is computed when the chunk is first written
+    #: (see ``bulk_parts``), not when it is queued.
+    deferred: Any = None
 
     def frame(self) -> bytes:
         """The bytes to write. A lazily framed chunk is copied here, just before grpc copies
@@ -115,6 +119,31 @@ class OutChunk:
             return self.encoded
         head, payload = self.encoded
         return b"".join((head, PAYLOAD_TAG, varint(len(payload)), payload))
+
+    def bulk_parts(self) -> tuple[bytes, memoryview]:
+        """``parts`` for the bulk data path, computing a deferred checksum first. Called by
+        the writer (a worker thread, for plaintext) just before the payload is written:
+        the checksum pulls the chunk into the CPU cache, so the kernel's copy that follows
+        reads it from there instead of from memory a second time, and neither runs on the
+        event loop (xxhash releases the GIL). Never called for one chunk concurrently."""
+        if self.deferred is not None:
+            head, kind, record = self.deferred
+            _, payload = self.parts()
+            head.checksum = checksum(kind, payload)
+            self.checksum = int(head.checksum)
+            self.encoded = (head.SerializeToString(), payload)
+            record(self.seq, self.checksum)
+            self.deferred = None
+        return self.parts()
+
+    def parts(self) -> tuple[bytes, memoryview]:
+        """(the small fields, a view of the payload) for the bulk data path, which writes
+        them as they are: a lazily framed chunk is not copied at all; an encoded frame is
+        only cut (the head copied, a few dozen bytes)."""
+        if isinstance(self.encoded, bytes):
+            return split_field(self.encoded, CHUNK_PAYLOAD_FIELD)
+        head, payload = self.encoded
+        return head, payload
 
 
 def encode_chunk(

@@ -55,6 +55,19 @@ def test_loopback_self_test_over_mtls_reports_verified_blocks(certs):
     assert evidence["checksum_failures"] == 0
 
 
+def test_loopback_over_the_bulk_data_path_says_so(certs):
+    result = kv(
+        "loopback", "--certs", str(certs), "--name", "site-a", "--blocks", "4",
+        "--data-path", "bulk", "--json",
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr
+    evidence = json.loads(result.stdout)
+    assert evidence["ok"] is True
+    assert evidence["data_path"] == "bulk"
+    assert evidence["bytes_raw"] == 4 * 4 * 2**20
+
+
 def test_commands_refuse_to_run_without_tls_or_an_explicit_insecure():
     result = kv("serve", "--bind", "127.0.0.1:0")
 
