@@ -379,7 +379,9 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 3) -> None:
     they show the spread); every round of every method moves the same bytes."""
     total = (256 if quick else 1024) * MIB
     server = subprocess.Popen(
-        kv_cmd("serve", "--bind", "127.0.0.1:0", "--insecure"), stdout=subprocess.PIPE, text=True
+        kv_cmd("serve", "--bind", "127.0.0.1:0", "--insecure", "--bulk"),
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert server.stdout is not None
     target = f"127.0.0.1:{json.loads(server.stdout.readline())['port']}"

@@ -71,7 +71,7 @@ async def _serve(args: argparse.Namespace) -> int:
         max_chunk_bytes=int(args.max_chunk_mb * MIB),
         ttl_s=args.ttl_s,
         accept_unverified=args.accept_unverified,
-        bulk=not args.no_bulk,
+        bulk=args.bulk,
         bulk_port=args.bulk_port,
     )
     server = ReceiverServer(args.bind, options, _tls(args), local_socket=args.local_socket)
@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="port of the bulk data endpoint on the --bind host (0 = ephemeral)",
     )
     serve.add_argument(
-        "--no-bulk", action="store_true", help="do not offer the bulk data path (gRPC chunks only)"
+        "--bulk", action="store_true", help="offer the bulk data path (a second listening port)"
     )
     _tls_args(serve)
 

@@ -130,8 +130,9 @@ class ReceiverOptions:
     #: a misconfigured sender can never hand unverified KV to a decode engine.
     accept_unverified: bool = False
     #: Offer the bulk data path (a second listening TCP port, TLS like the gRPC port) to
-    #: senders that ask for it in Begin. Off: every sender uses gRPC chunks.
-    bulk: bool = True
+    #: senders that ask for it in Begin. Off (the default: no listening port an operator did
+    #: not ask for): every sender uses gRPC chunks.
+    bulk: bool = False
     #: Port of the bulk data endpoint on the gRPC bind address (0 = ephemeral; set it when
     #: a firewall must know the port).
     bulk_port: int = 0

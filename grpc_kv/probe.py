@@ -14,7 +14,7 @@ import numpy as np
 
 from grpc_kv.link import Link
 from grpc_kv.manifest import Fingerprint, LayerSpec, TransferHeader
-from grpc_kv.options import LinkOptions
+from grpc_kv.options import LinkOptions, ReceiverOptions
 from grpc_kv.receiver import ReceiverServer
 from grpc_kv.sender import open_transfer
 from grpc_kv.tls import TLSConfig
@@ -73,7 +73,8 @@ async def loopback(
     with ``error`` set when the transfer failed."""
     server = None
     if target is None:
-        server = ReceiverServer("127.0.0.1:0", tls=tls)
+        # The self-test offers the bulk data path, so either data path can be tried.
+        server = ReceiverServer("127.0.0.1:0", ReceiverOptions(bulk=True), tls=tls)
         target = f"127.0.0.1:{await server.start()}"
         if not tls.insecure and tls.server_name is None:
             tls = TLSConfig(

@@ -33,6 +33,7 @@ from tests.support import connections_to
 BULK = LinkOptions(
     chunk_size_bytes=512 * 1024, compression="none", data_path="bulk", timeout_ms=20_000
 )
+BULK_RX = ReceiverOptions(bulk=True)  # receivers offer the bulk path only when told to
 
 
 def tls_for(pki, name, **kw):
@@ -81,7 +82,7 @@ def test_tensors_round_trip_exactly_over_bulk_under_every_codec(compression):
     options = BULK.replace(compression=compression, link_rate_bps=200e6)
 
     async def scenario():
-        async with receiver() as (server, target):
+        async with receiver(BULK_RX) as (server, target):
             summary, got = await send(target, tensors, options, server=server)
             await asyncio.sleep(0.05)  # the sender closes its data connections on the loop
             open_conns = len(server.bulk.connections) + connections_to(server.bulk.port)
@@ -115,7 +116,7 @@ def test_mutual_tls_bulk_transfer_with_an_allowed_peer(pki):
 
     async def scenario():
         server_tls = tls_for(pki, "site-b", allowed_peers=["site-a"])
-        async with receiver(tls=server_tls) as (server, target):
+        async with receiver(BULK_RX, tls=server_tls) as (server, target):
             client = tls_for(pki, "site-a", server_name="site-b")
             return await send(target, data, tls=client, server=server)
 
@@ -131,7 +132,7 @@ def test_hundred_chunks_corrupted_on_the_data_port_are_detected_resent_and_never
     options = BULK.replace(chunk_size_bytes=chunk, window=8)
 
     async def scenario():
-        async with receiver() as (server, target):
+        async with receiver(BULK_RX) as (server, target):
             proxy = await proxied_bulk(server)
             flip = proxy.add(Flip(direction="upstream", pattern=MARKER, context=8, limit=100))
             summary, got = await send(target, data, options, server=server)
@@ -155,7 +156,7 @@ def test_data_connections_cut_mid_transfer_resume_resending_at_most_the_window()
     options = BULK.replace(chunk_size_bytes=chunk, window=window, timeout_ms=15_000)
 
     async def scenario():
-        async with receiver() as (server, target):
+        async with receiver(BULK_RX) as (server, target):
             proxy = await proxied_bulk(server)
             from grpc_kv.faultproxy import Bandwidth
 
@@ -291,7 +292,7 @@ EXPECTED_CODE = {
 
 def test_malformed_frames_on_the_data_port_are_refused_and_the_server_keeps_serving():
     async def scenario():
-        async with receiver() as (server, target):
+        async with receiver(BULK_RX) as (server, target):
             raw = RawClient(target)
             header = make_header({"kv": 4096})
             request = pb.BeginRequest(
@@ -336,7 +337,7 @@ def test_malformed_frames_on_the_data_port_are_refused_and_the_server_keeps_serv
 
 def test_corrupt_chunk_on_the_data_port_is_answered_resend_and_never_stored():
     async def scenario():
-        async with receiver() as (server, target):
+        async with receiver(BULK_RX) as (server, target):
             raw = RawClient(target)
             header = make_header({"kv": 1000})
             request = pb.BeginRequest(
@@ -376,7 +377,7 @@ def test_corrupt_chunk_on_the_data_port_is_answered_resend_and_never_stored():
 def test_data_port_refuses_no_certificate_another_ca_and_peers_off_the_allowlist(pki):
     async def scenario():
         server_tls = tls_for(pki, "site-b", allowed_peers=["site-a"])
-        async with receiver(tls=server_tls) as (server, target):
+        async with receiver(BULK_RX, tls=server_tls) as (server, target):
             port = server.bulk.port
 
             def attempt(name):
@@ -428,7 +429,7 @@ def test_data_port_refuses_no_certificate_another_ca_and_peers_off_the_allowlist
 
 def test_a_refused_data_connection_fails_the_transfer_with_the_receivers_code():
     async def scenario():
-        async with receiver() as (server, target):
+        async with receiver(BULK_RX) as (server, target):
             proxy = await proxied_bulk(server)
             # A byte flipped inside the hello's session (into invalid UTF-8): a malformed
             # hello, refused; the sender gives up at once instead of retrying to its deadline.
@@ -463,7 +464,7 @@ def test_data_path_black_holed_past_the_deadline_fails_both_sides_in_time_and_fr
     options = BULK.replace(chunk_size_bytes=64 * 1024, timeout_ms=deadline_ms, rpc_timeout_ms=500)
 
     async def scenario():
-        async with receiver() as (server, target):
+        async with receiver(BULK_RX) as (server, target):
             proxy = await proxied_bulk(server)
             header = make_header({"kv": 0})
             times = {}
@@ -508,7 +509,7 @@ def test_data_path_black_holed_past_the_deadline_fails_both_sides_in_time_and_fr
 
 def test_an_abandoned_bulk_transfer_is_cancelled_on_both_sides_and_closes_its_connections():
     async def scenario():
-        async with receiver() as (server, target):
+        async with receiver(BULK_RX) as (server, target):
             header = make_header({"kv": 0})
 
             async def abandoned():
