@@ -213,7 +213,9 @@ class FastConnection(asyncio.Protocol):
         buffer = self.buffer
         end = buffer.find(b"\r\n\r\n")
         if end < 0:
-            if len(buffer) > _MAX_HEAD:
+            # A head too long, or one ended by bare line feeds (never a CRLF head's end), is
+            # aiohttp's to answer: waiting for CRLFs that never come would hang the client.
+            if len(buffer) > _MAX_HEAD or b"\n\n" in buffer:
                 self._handover()
             return
         head = _Head()

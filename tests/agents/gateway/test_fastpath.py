@@ -175,6 +175,8 @@ def test_chunked_request_body_and_http10_are_served():
         (b"POST /v1/other HTTP/1.1\r\nHost: gw\r\nContent-Length: 2\r\n\r\n{}", 404),
         (b"POST /v1/completions HTTP/1.1\r\nHo st: gw\r\n\r\n", 400),
         (b"GARBAGE\r\n\r\n", 400),
+        # Bare line feeds: answered (by aiohttp), not left waiting for a CRLF head end.
+        (b"POST /v1/completions HTTP/1.1\nHost: gw\nContent-Length: 2\n\n{}", 400),
     ],
 )
 def test_bad_requests_get_clear_4xx(raw, status):
