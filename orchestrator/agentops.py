@@ -123,11 +123,15 @@ class Target:
         return f"http://{self.host}:{self.engine_port}"
 
     @property
+    def kv_wan_host(self) -> str:
+        """Where prefill sites reach this decode node across the WAN: ``kv_host`` (a WAN
+        proxy or NAT address in front of it) or the node's host."""
+        return str(self.settings.get("kv_host") or self.host)
+
+    @property
     def kv_address(self) -> str:
-        """What prefill engines dial to reach this decode node's KV receiver: ``kv_host``
-        (a WAN proxy or NAT address in front of the receiver) or the node's host."""
-        host = self.settings.get("kv_host") or self.host
-        return f"{host}:{_port(self.settings, 'kv_port', DEFAULT_KV_PORT)}"
+        """What prefill engines dial to reach this decode node's KV receiver."""
+        return f"{self.kv_wan_host}:{_port(self.settings, 'kv_port', DEFAULT_KV_PORT)}"
 
     @property
     def kv_link_address(self) -> str:
@@ -141,8 +145,9 @@ class Target:
         takes, or step 2 measures a link the KV never uses."""
         if "kv_link_wan_port" not in self.settings:
             return self.kv_link_address
-        host = self.settings.get("kv_host") or self.host
-        return f"{host}:{_port(self.settings, 'kv_link_wan_port', DEFAULT_KV_LINK_PORT)}"
+        return (
+            f"{self.kv_wan_host}:{_port(self.settings, 'kv_link_wan_port', DEFAULT_KV_LINK_PORT)}"
+        )
 
     @property
     def gateway_port(self) -> int:

@@ -39,6 +39,7 @@ import httptools
 from aiohttp import web
 
 from agents.gateway.openai import Kind, error_body
+from agents.gateway.proxy import LAST_CHUNK, http_chunk
 
 if TYPE_CHECKING:
     from agents.gateway.app import Gateway
@@ -125,9 +126,7 @@ class _FastClient:
         if length is None:
             self.chunked = True
             framing = b"Transfer-Encoding: chunked\r\n\r\n"
-            body = b"%x\r\n%b\r\n" % (len(first), first) if first else b""
-            if eof:
-                body += b"0\r\n\r\n"
+            body = http_chunk(first) + (LAST_CHUNK if eof else b"")
         else:
             framing = b"Content-Length: %d\r\n\r\n" % length
             body = first
@@ -141,7 +140,7 @@ class _FastClient:
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client went away")
         if self.chunked:
-            data = (b"%x\r\n%b\r\n" % (len(data), data) if data else b"") + b"0\r\n\r\n"
+            data = http_chunk(data) + LAST_CHUNK
         self.ended = True
         if data:
             transport.write(data)

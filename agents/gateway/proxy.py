@@ -50,6 +50,16 @@ _PIPE_CHECK_S = 0.005
 _IDLE_S = 15.0
 
 
+#: The end of a chunked HTTP/1.1 body.
+LAST_CHUNK = b"0\r\n\r\n"
+
+
+def http_chunk(data: bytes) -> bytes:
+    """``data`` framed as one chunk of a chunked HTTP/1.1 body; nothing for empty data (an
+    empty chunk would end the body)."""
+    return b"%x\r\n%b\r\n" % (len(data), data) if data else b""
+
+
 class LegError(Exception):
     """An upstream leg failed before producing output. ``cause``: ``timeout``, ``connect``,
     ``status`` (non-2xx; ``status`` and ``detail`` set) or ``stream_error``."""
@@ -374,7 +384,7 @@ class LegResponse:
             return
         if self._count:
             self.events += data.count(b"data:")
-        out.write(b"%x\r\n%b\r\n" % (len(data), data) if self._chunked_out else data)
+        out.write(http_chunk(data) if self._chunked_out else data)
         self.last_at = time.monotonic()
         if not self._paused and out.get_write_buffer_size() > _PIPE_HIGH:
             self._paused = True

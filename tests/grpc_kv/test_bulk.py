@@ -290,21 +290,20 @@ EXPECTED_CODE = {
 }
 
 
+async def begin_bulk(raw, header):
+    """Begin ``header``'s transfer by hand (session ``s1``), asking for the bulk data path."""
+    request = pb.BeginRequest(
+        protocol_version=1, header=header.to_pb(), session="s1", deadline_ms=20_000, want_bulk=True
+    )
+    return await raw._method("Begin", pb.BeginReply)(request.SerializeToString(), timeout=5)
+
+
 def test_malformed_frames_on_the_data_port_are_refused_and_the_server_keeps_serving():
     async def scenario():
         async with receiver(BULK_RX) as (server, target):
             raw = RawClient(target)
             header = make_header({"kv": 4096})
-            request = pb.BeginRequest(
-                protocol_version=1,
-                header=header.to_pb(),
-                session="s1",
-                deadline_ms=20_000,
-                want_bulk=True,
-            )
-            reply = await raw._method("Begin", pb.BeginReply)(
-                request.SerializeToString(), timeout=5
-            )
+            reply = await begin_bulk(raw, header)
             port = reply.bulk_port
             outcomes = {}
             for name, write in bad_sessions(header.transfer_id).items():
@@ -340,16 +339,7 @@ def test_corrupt_chunk_on_the_data_port_is_answered_resend_and_never_stored():
         async with receiver(BULK_RX) as (server, target):
             raw = RawClient(target)
             header = make_header({"kv": 1000})
-            request = pb.BeginRequest(
-                protocol_version=1,
-                header=header.to_pb(),
-                session="s1",
-                deadline_ms=20_000,
-                want_bulk=True,
-            )
-            reply = await raw._method("Begin", pb.BeginReply)(
-                request.SerializeToString(), timeout=5
-            )
+            reply = await begin_bulk(raw, header)
             tid, data = header.transfer_id, os.urandom(1000)
 
             def exchange():
