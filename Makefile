@@ -45,7 +45,7 @@ soak: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-lint: $(STAMP)
+lint: $(STAMP) protos  # mypy needs the generated stubs
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

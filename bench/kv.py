@@ -234,22 +234,26 @@ def cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def tcp_baseline(total: int, connections: int) -> tuple[float, dict[str, float]]:
+def tcp_baseline(total: int, connections: int, data: bytes) -> tuple[float, dict[str, float]]:
     """MB/s of plain TCP sockets over loopback: a sink thread per connection (here a child
-    process, like the KV receiver) and ``connections`` sending threads; and the CPU
-    seconds each side spent (the sink reports its own, from its first accept)."""
+    process, like the KV receiver) reading into one reused buffer, and ``connections``
+    sending threads writing ``data`` (the very buffer the KV link sends, again and again)
+    in 4 MiB slices, like the link's chunks; and the CPU seconds each side spent (the sink
+    reports its own, from its first accept)."""
     sink = subprocess.Popen(
         [sys.executable, "-c", SINK, str(connections)], stdout=subprocess.PIPE, text=True
     )
     assert sink.stdout is not None
     port = int(sink.stdout.readline())
-    block = os.urandom(4 * MIB)
+    view = memoryview(data)
     per = total // connections
 
     def push() -> None:
         with socket.create_connection(("127.0.0.1", port)) as sock:
             sent = 0
             while sent < per:
+                start = sent % len(view)
+                block = view[start : start + 4 * MIB]
                 sock.sendall(block)
                 sent += len(block)
 
@@ -273,7 +277,8 @@ n = int(sys.argv[1])
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(n)
 print(srv.getsockname()[1], flush=True)
 def drain(c):
-    while c.recv_into(buf := bytearray(4 << 20)):
+    buf = bytearray(4 << 20)
+    while c.recv_into(buf):
         pass
 threads = []
 cpu = None
@@ -400,7 +405,7 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 3) -> None:
             cpu: dict[str, list[dict[str, float]]] = {k: [] for k in methods}
             data = payload("random", total // 16)  # generated outside the measured CPU
             for _ in range(rounds):
-                rate, used = tcp_baseline(total, connections)
+                rate, used = tcp_baseline(total, connections, data)
                 runs["tcp"].append(rate)
                 cpu["tcp"].append(used)
                 for method, path in (("kv", "grpc"), ("kv_bulk", "bulk")):

@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import queue
 import socket
 import ssl
 import struct
@@ -59,8 +60,11 @@ HANDSHAKE_TIMEOUT_S = 10.0
 #: A sender's blocking write gives up after this long without progress (the stall
 #: detector normally closes a dead connection well before).
 _SEND_TIMEOUT_S = 60.0
-#: PDBRIDGE_KV_BULK_THREAD_SEND=0: plaintext senders write on the event loop (docs/kv-link.md).
-_THREAD_SEND = os.environ.get("PDBRIDGE_KV_BULK_THREAD_SEND", "1") == "1"
+#: Frames a connection's writer thread may have queued (one being written, one ready).
+_DEPTH = 2
+#: PDBRIDGE_KV_BULK_THREAD_SEND=1: a writer thread per plaintext data connection instead of
+#: the event loop (docs/kv-link.md, "Performance").
+_THREAD_SEND = os.environ.get("PDBRIDGE_KV_BULK_THREAD_SEND", "0") == "1"
 
 
 class BulkRefused(Exception):
@@ -93,7 +97,8 @@ class BulkStream:
     head and payload, ``read`` the next Ack (``eof`` at the end), ``done_writing``,
     ``cancel``. Plain TCP uses the loop's non-blocking socket calls with ``sendmsg`` of
     memoryviews (asyncio's transports would copy every partially written payload into
-    their buffer); TLS uses an asyncio stream (encryption copies anyway).
+    their buffer), or with ``PDBRIDGE_KV_BULK_THREAD_SEND=1`` a writer thread per
+    connection with blocking sends; TLS uses an asyncio stream (encryption copies anyway).
 
     Raises BulkBroken / OSError when the connection breaks (the sender resumes) and
     BulkRefused when the receiver refused it (the sender fails the transfer)."""
@@ -111,6 +116,10 @@ class BulkStream:
         self._writer: asyncio.StreamWriter | None = None
         self._rbuf = bytearray()
         self._dead: asyncio.Future[None] = self._loop.create_future()
+        #: Plaintext, threaded: frames queued for this connection's writer thread, and the
+        #: loop's permits to queue more (``_DEPTH``): the thread writes them back to back.
+        self._outq: queue.SimpleQueue[Any] | None = None
+        self._slots = asyncio.Semaphore(_DEPTH)
 
     @classmethod
     async def open(
@@ -153,8 +162,13 @@ class BulkStream:
             self._sock.setblocking(False)
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             await self._until_dead(self._loop.sock_connect(self._sock, address))
-            self._wsock = self._sock.dup()
-            self._wsock.settimeout(_SEND_TIMEOUT_S)
+            if _THREAD_SEND:
+                self._wsock = self._sock.dup()
+                self._wsock.settimeout(_SEND_TIMEOUT_S)
+                self._outq = queue.SimpleQueue()
+                threading.Thread(
+                    target=self._writer_main, name="pdbridge-kv-bulk-writer", daemon=True
+                ).start()
             return
         self._reader, self._writer = await asyncio.open_connection(
             host,
@@ -182,7 +196,7 @@ class BulkStream:
 
     async def _write(self, parts: Any) -> None:
         """Write ``parts`` (a list of buffers, or a callable returning one, called by the
-        writer itself: in the worker thread for plaintext)."""
+        writer itself: in the writer thread when there is one)."""
         if self._dead.done():
             raise BulkBroken("data connection closed")
         if self._sock is None:
@@ -194,8 +208,11 @@ class BulkStream:
                 self._writer.write(part)
             await self._until_dead(self._writer.drain())
             return
-        if _THREAD_SEND and self._wsock is not None:
-            await self._until_dead(self._loop.run_in_executor(None, self._send_rest, parts))
+        if self._outq is not None:
+            await self._until_dead(self._slots.acquire())
+            if self._dead.done():
+                raise BulkBroken("data connection closed")
+            self._outq.put(parts)
             return
         if callable(parts):
             parts = parts()
@@ -205,18 +222,31 @@ class BulkStream:
             sent = self._sock.sendmsg(parts)
         except (BlockingIOError, InterruptedError):
             sent = 0
-        rest = []
-        for part in parts:
-            if sent >= len(part):
-                sent -= len(part)
-                continue
-            rest.append(memoryview(part)[sent:])
-            sent = 0
-        for view in rest:
+        for view in _unsent(parts, sent):
             await self._until_dead(self._loop.sock_sendall(self._sock, view))
 
+    def _writer_main(self) -> None:
+        """The writer thread of a plaintext connection: writes queued frames back to back
+        (no event-loop round trip between two chunks), returns a permit per frame, and on
+        a write error closes the stream (the ack reader then raises BulkBroken and the
+        sender resumes). Ends at the ``None`` that ``cancel`` queues."""
+        outq = self._outq
+        while outq is not None and (parts := outq.get()) is not None:
+            try:
+                self._send_rest(parts)
+            except Exception as exc:  # OSError, BulkBroken: the connection is gone
+                if not self._dead.done():
+                    log.info("bulk_write_failed error=%s", exc)
+                self._call_loop(self.cancel)
+                return
+            self._call_loop(self._slots.release)
+
+    def _call_loop(self, fn: Callable[[], Any]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+            self._loop.call_soon_threadsafe(fn)
+
     def _send_rest(self, parts: Any) -> None:
-        """Blocking, in a worker thread: ``sendall`` on a duplicate of the socket that has
+        """Blocking, in the writer thread: ``sendall`` on a duplicate of the socket that has
         a timeout, so CPython waits for buffer space in C with the GIL released, and the
         kernel's copy (the sender's largest cost) runs beside the event loop instead of on
         it. The descriptor is closed by whoever finishes last, never under a running send
@@ -230,12 +260,8 @@ class BulkStream:
             if callable(parts):
                 parts = parts()
             sent = wsock.sendmsg(parts)  # one syscall for head and payload, mostly
-            for part in parts:
-                if sent >= len(part):
-                    sent -= len(part)
-                    continue
-                wsock.sendall(memoryview(part)[sent:])
-                sent = 0
+            for view in _unsent(parts, sent):
+                wsock.sendall(view)
         finally:
             with self._wlock:
                 self._wbusy = False
@@ -244,7 +270,9 @@ class BulkStream:
 
     async def send(self, parts: Callable[[], tuple[bytes, memoryview]]) -> None:
         """Write one chunk; ``parts`` returns its head and payload and is called by the
-        writer (see OutChunk.bulk_parts). Returns once the kernel took the bytes."""
+        writer (see OutChunk.bulk_parts). Returns once the kernel took the bytes, or with a
+        writer thread once the frame is queued for it (at most ``_DEPTH``; a failed write
+        then closes the stream and the sender resumes from the acks)."""
 
         def frame() -> list[bytes | memoryview]:
             head, payload = parts()
@@ -294,13 +322,15 @@ class BulkStream:
         if self._dead.done():
             return
         self._dead.set_result(None)
+        if self._outq is not None:
+            self._outq.put(None)  # the writer thread ends after its current frame
         if self._sock is not None:
             # Unregister first: the loop must not keep watching a closed (reusable) fd.
             fd = self._sock.fileno()
             if fd >= 0:
                 self._loop.remove_reader(fd)
                 self._loop.remove_writer(fd)
-                with contextlib.suppress(OSError):  # wakes a worker thread blocked in send
+                with contextlib.suppress(OSError):  # wakes a writer thread blocked in send
                     self._sock.shutdown(socket.SHUT_RDWR)
             self._loop.call_soon(self._sock.close)
             with self._wlock:
@@ -309,6 +339,18 @@ class BulkStream:
                     wsock.close()
         elif self._writer is not None:
             self._writer.transport.abort()
+
+
+def _unsent(parts: list[Any], sent: int) -> list[Any]:
+    """What of ``parts`` (buffers written in order) remains after ``sent`` bytes."""
+    rest = []
+    for part in parts:
+        if sent >= len(part):
+            sent -= len(part)
+            continue
+        rest.append(memoryview(part)[sent:] if sent else part)
+        sent = 0
+    return rest
 
 
 def is_certificate_error(exc: BaseException) -> bool:

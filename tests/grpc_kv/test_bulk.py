@@ -14,6 +14,7 @@ import grpc
 import pytest
 import torch
 
+import grpc_kv.bulk
 from grpc_kv.api import (
     LinkOptions,
     ReceiverOptions,
@@ -61,6 +62,14 @@ async def send(target, data_by_layer, options=BULK, tls=INSECURE, server=None):
                 assert seg.offset == len(buf)
                 buf += seg.data
     return summary, {k: bytes(v) for k, v in received.items()}
+
+
+@pytest.fixture(params=["loop", "thread"])
+def writer(request, monkeypatch):
+    """Both plaintext writers: the event loop's (default) and a writer thread per data
+    connection (PDBRIDGE_KV_BULK_THREAD_SEND=1)."""
+    monkeypatch.setattr(grpc_kv.bulk, "_THREAD_SEND", request.param == "thread")
+    return request.param
 
 
 async def proxied_bulk(server):
@@ -126,7 +135,9 @@ def test_mutual_tls_bulk_transfer_with_an_allowed_peer(pki):
     assert summary.data_path == "bulk"
 
 
-def test_hundred_chunks_corrupted_on_the_data_port_are_detected_resent_and_never_delivered():
+def test_hundred_chunks_corrupted_on_the_data_port_are_detected_resent_and_never_delivered(
+    writer,
+):
     chunk = 64 * 1024
     data = {"kv": b"".join(marked_chunks(150, chunk))}
     options = BULK.replace(chunk_size_bytes=chunk, window=8)
@@ -150,7 +161,7 @@ def test_hundred_chunks_corrupted_on_the_data_port_are_detected_resent_and_never
     assert got == data
 
 
-def test_data_connections_cut_mid_transfer_resume_resending_at_most_the_window():
+def test_data_connections_cut_mid_transfer_resume_resending_at_most_the_window(writer):
     chunk, window = 256 * 1024, 4
     data = {"kv": os.urandom(24 << 20)}
     options = BULK.replace(chunk_size_bytes=chunk, window=window, timeout_ms=15_000)
