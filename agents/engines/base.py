@@ -29,12 +29,39 @@ import os
 import signal
 import subprocess
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import aiohttp
 
 ROLES = ("prefill", "decode", "both")
+
+#: How a remote prefill hands its KV to decode (a deployment's ``kv_transfer.mode``):
+#: ``push``: pdbridge's convention; both legs at once with one ``transfer_id``, the prefill
+#: engine sends the KV to the decode node's receiver (``kv_destination``).
+#: ``pull``: vLLM's built-in connectors (NixlConnector, ...); the prefill leg first, with
+#: ``PULL_PREFILL_KV``; its answer's ``kv_transfer_params`` (where the KV waits) go unchanged
+#: into the decode leg, whose engine fetches the KV.
+KV_MODES = ("push", "pull")
+PULL_PREFILL_KV: Mapping[str, Any] = MappingProxyType(
+    {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "remote_engine_id": None,
+        "remote_block_ids": None,
+        "remote_host": None,
+        "remote_port": None,
+    }
+)
+
+
+def pulled_kv_params(answer: Any) -> dict[str, Any] | None:
+    """The ``kv_transfer_params`` of a pull-mode prefill answer (a decoded JSON body), for
+    the decode leg; None when there are none (nothing to fetch)."""
+    params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+    return dict(params) if isinstance(params, dict) and params else None
 
 
 class AdapterError(Exception):

@@ -2,8 +2,11 @@
 same output as a local run (deployment step 7).
 
 For each prompt it sends, with greedy decoding, (a) the prefill leg to the prefill engine and
-the decode leg to the decode engine with one ``transfer_id`` (both at once: push mode), and
-(b) the same prompt as a plain request to the decode engine (local prefill + decode). It then
+the decode leg to the decode engine, either with one ``transfer_id`` and both at once (push
+mode, pdbridge's engines) or one after the other with the prefill answer's
+``kv_transfer_params`` handed to the decode leg (pull mode, vLLM's built-in connectors; see
+``agents.engines.base.KV_MODES``), and (b) the same prompt as a plain request to the decode
+engine (local prefill + decode). It then
 compares token ids and, where both responses carry them, per-step logits digests, and reports
 per prompt: match, the first divergent position and step, tokens compared and timings.
 Results are bit-identical only when both engines chunk prefill at the same boundaries, so the
@@ -27,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aiohttp
+
+from agents.engines.base import KV_MODES, PULL_PREFILL_KV, pulled_kv_params
 
 #: Prompt lengths (tokens of the byte tokenizer) of the default suite: the guide's 4K/16K/32K
 #: scaled to what the CPU reference engine does in seconds.
@@ -189,6 +194,7 @@ async def verify_prompt(
     logprobs: int | None = None,
     logprob_tolerance: float = 0.0,
     local_chunk: int | None = None,
+    kv_mode: str = "push",
 ) -> PromptResult:
     """Run one prompt both ways and compare. Never raises for engine errors: they land in
     ``error`` with ``match`` false."""
@@ -209,32 +215,45 @@ async def verify_prompt(
     timings: dict[str, float] = {}
     try:
         t0 = time.monotonic()
-        pre, dec = await asyncio.gather(
-            _post(
-                session,
-                f"{prefill}/v1/completions",
-                {
-                    **base,
-                    "kv_transfer_params": {
-                        "do_remote_decode": True,
-                        "transfer_id": tid,
-                        "kv_destination": kv_destination,
+        if kv_mode == "pull":
+            prefill_body = {**base, "max_tokens": 1, "kv_transfer_params": dict(PULL_PREFILL_KV)}
+            pre = await _post(session, f"{prefill}/v1/completions", prefill_body)
+            params = pulled_kv_params(pre)
+            if params is None:
+                raise RuntimeError(
+                    "pull mode: the prefill engine answered without kv_transfer_params (is its "
+                    "KV connector configured as a producer?)"
+                )
+            dec = await _post(
+                session, f"{decode}/v1/completions", {**base, "kv_transfer_params": params}
+            )
+        else:
+            pre, dec = await asyncio.gather(
+                _post(
+                    session,
+                    f"{prefill}/v1/completions",
+                    {
+                        **base,
+                        "kv_transfer_params": {
+                            "do_remote_decode": True,
+                            "transfer_id": tid,
+                            "kv_destination": kv_destination,
+                        },
                     },
-                },
-            ),
-            _post(
-                session,
-                f"{decode}/v1/completions",
-                {
-                    **base,
-                    "kv_transfer_params": {
-                        "do_remote_prefill": True,
-                        "transfer_id": tid,
-                        "deadline_s": deadline_s,
+                ),
+                _post(
+                    session,
+                    f"{decode}/v1/completions",
+                    {
+                        **base,
+                        "kv_transfer_params": {
+                            "do_remote_prefill": True,
+                            "transfer_id": tid,
+                            "deadline_s": deadline_s,
+                        },
                     },
-                },
-            ),
-        )
+                ),
+            )
         timings["remote_s"] = time.monotonic() - t0
         t0 = time.monotonic()
         # The local reference prefills at the prefill engine's chunk boundaries.
@@ -294,6 +313,7 @@ async def run_verification(
     timeout_s: float = 300.0,
     logprobs: int | None = None,
     logprob_tolerance: float = 0.0,
+    kv_mode: str = "push",
 ) -> dict[str, Any]:
     """The whole report (a JSON-ready dict). Raises ``RuntimeError`` when an engine cannot be
     asked for its model (nothing to compare)."""
@@ -320,6 +340,7 @@ async def run_verification(
                     logprobs=logprobs,
                     logprob_tolerance=logprob_tolerance,
                     local_chunk=local_chunk,
+                    kv_mode=kv_mode,
                 )
             )
     aligned = bool(local_chunk) or pext.get("chunked_prefill_tokens") == dext.get(
@@ -327,6 +348,7 @@ async def run_verification(
     )
     return {
         "model": model,
+        "kv_mode": kv_mode,
         "ok": all(r.match for r in results),
         "chunk_aligned": aligned,
         "local_chunked_prefill_tokens": local_chunk,
@@ -361,6 +383,13 @@ def main(argv: list[str]) -> int:
         help="also request top-k logprobs and compare them where no logits digests exist (vLLM)",
     )
     p.add_argument("--logprob-tolerance", type=float, default=0.0)
+    p.add_argument(
+        "--kv-mode",
+        choices=KV_MODES,
+        default="push",
+        help="push: pdbridge engines (both legs at once); pull: vLLM's built-in connectors "
+        "(prefill first, its kv_transfer_params handed to the decode leg)",
+    )
     p.add_argument("--output", help="also write the JSON report here")
     args = p.parse_args(argv)
     try:
@@ -383,6 +412,7 @@ def main(argv: list[str]) -> int:
                 deadline_s=args.deadline_s,
                 logprobs=args.logprobs,
                 logprob_tolerance=args.logprob_tolerance,
+                kv_mode=args.kv_mode,
             )
         )
     except (aiohttp.ClientError, RuntimeError, TimeoutError) as exc:

@@ -26,6 +26,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from agents.engines.base import PULL_PREFILL_KV, pulled_kv_params
 from agents.gateway.budget import FallbackBudget
 from agents.gateway.config import DeploymentConfig, GatewaySettings, Instance
 from agents.gateway.decision import Decision
@@ -97,6 +98,14 @@ class _Call:
     parsed: ParsedRequest
     config: DeploymentConfig
     decision: Decision
+
+
+def _json_or_none(body: bytes) -> Any:
+    """A JSON body decoded, or None when it is not JSON."""
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
 
 
 def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> web.Response:
@@ -400,21 +409,28 @@ class Gateway:
         prefill = self.router.acquire_prefill(config, site)
         if prefill is None:
             raise Fallback("breaker_open")
-        transfer_id = uuid.uuid4().hex
-        prefill_kv = {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "transfer_id": transfer_id,
-            "kv_destination": decode.kv_address,
-        }
-        # deadline_s: how long the decode engine waits for the KV before answering its
-        # distinct KV error (the gateway then falls back).
-        decode_kv = {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "transfer_id": transfer_id,
-            "deadline_s": config.kv_timeout_ms / 1000,
-        }
+        pull = config.kv_mode == "pull"
+        decode_url = f"{decode.url}{ROUTES[kind]}"
+        if pull:
+            # vLLM's convention: the prefill engine answers with where its KV waits, and the
+            # decode leg (sent after that answer) carries it to the decode engine unchanged.
+            prefill_kv: dict[str, Any] = dict(PULL_PREFILL_KV)
+        else:
+            transfer_id = uuid.uuid4().hex
+            prefill_kv = {
+                "do_remote_decode": True,
+                "do_remote_prefill": False,
+                "transfer_id": transfer_id,
+                "kv_destination": decode.kv_address,
+            }
+            # deadline_s: how long the decode engine waits for the KV before answering its
+            # distinct KV error (the gateway then falls back).
+            decode_kv = {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "transfer_id": transfer_id,
+                "deadline_s": config.kv_timeout_ms / 1000,
+            }
         self.router.note_remote_tokens(site, decision.incremental_tokens)
         self.router.begin(prefill.url, site)
         started = time.monotonic()
@@ -424,17 +440,18 @@ class Gateway:
                 request_id, self.settings.prefill_timeout_s,
             )
         )  # fmt: skip
-        decode_task = asyncio.create_task(
-            self._open_decode(
-                f"{decode.url}{ROUTES[kind]}", leg_body(body, decode_kv, prefill=False), request_id
+        decode_task: asyncio.Task[tuple[LegResponse, bytes]] | None = None
+        if not pull:
+            decode_task = asyncio.create_task(
+                self._open_decode(decode_url, leg_body(body, decode_kv, prefill=False), request_id)
             )
-        )
         prefill_s: float | None = None
         verdict: bool | None = None
         success = False
         try:
             done, _ = await asyncio.wait(
-                {prefill_task, decode_task}, return_when=asyncio.FIRST_COMPLETED
+                {t for t in (prefill_task, decode_task) if t is not None},
+                return_when=asyncio.FIRST_COMPLETED,
             )
             if prefill_task in done:
                 prefill_s = time.monotonic() - started
@@ -453,6 +470,18 @@ class Gateway:
                         extra={"site": site, "url": prefill.url, "error": str(prefill_error)[:500]},
                     )
                     raise Fallback("prefill_timeout" if timed_out else "prefill_error")
+            if decode_task is None:
+                pulled = pulled_kv_params(_json_or_none(prefill_task.result()))
+                if pulled is None:
+                    verdict = False
+                    log.warning(
+                        "gateway.prefill_without_kv_params",
+                        extra={"site": site, "url": prefill.url},
+                    )
+                    raise Fallback("prefill_error")
+                decode_task = asyncio.create_task(
+                    self._open_decode(decode_url, leg_body(body, pulled, prefill=False), request_id)
+                )
             if not decode_task.done():
                 # For streams the first event follows the KV, so the KV timeout bounds the
                 # wait; a non-streamed body arrives only when generation ends.
@@ -485,7 +514,7 @@ class Gateway:
             return decode_task.result()
         finally:
             self.router.end(prefill.url, site)
-            if not success:
+            if not success and decode_task is not None:
                 decode_task.cancel()
                 if (
                     decode_task.done()

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from agents.engines.base import KV_MODES
 from agents.gateway.breaker import BreakerSettings
 from agents.gateway.tuning import TuningSettings
 
@@ -84,6 +85,9 @@ class DeploymentConfig:
     prefill: tuple[Site, ...]
     links: Mapping[str, Link]
     raw: Mapping[str, Any] = field(repr=False, compare=False)
+    #: How the remote legs hand the KV over (``kv_transfer.mode``; see
+    #: ``agents.engines.base.KV_MODES``).
+    kv_mode: str = "push"
 
 
 def _get(data: Mapping[str, Any], key: str, where: str) -> Any:
@@ -112,6 +116,12 @@ def _bool(value: Any, where: str) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(f"{where}: must be true or false, got {value!r}")
     return value
+
+
+def _one_of(value: Any, allowed: tuple[str, ...], where: str) -> str:
+    if value not in allowed:
+        raise ConfigError(f"{where}: must be one of {', '.join(allowed)}, got {value!r}")
+    return str(value)
 
 
 def _str(value: Any, where: str) -> str:
@@ -220,6 +230,7 @@ def parse_snapshot(data: Any) -> DeploymentConfig:
             breaker.get("latency_p99_limit_ms", 2500), "circuit_breaker.latency_p99_limit_ms", 0
         ),
         kv_timeout_ms=_number(kv.get("timeout_ms", 4000), "kv_transfer.timeout_ms", 0),
+        kv_mode=_one_of(kv.get("mode", "push"), KV_MODES, "kv_transfer.mode"),
         decode=decode,
         prefill=tuple(_site(p, f"pools.prefill[{i}]", decode=False) for i, p in enumerate(prefill)),
         links=links,

@@ -48,3 +48,14 @@ class Compression(models.TextChoices):
     ZSTD_BYTEPLANE = "zstd-byteplane", "zstd (byte planes)"
     # Chosen per link from measured link rate and codec speed.
     AUTO = "auto", "Auto"
+
+
+class KvMode(models.TextChoices):
+    """How the gateway's remote legs hand the KV over (``kv_transfer.mode``)."""
+
+    # pdbridge's engines: both legs at once; the prefill engine pushes to the decode node's
+    # KV receiver under a transfer id the gateway chose.
+    PUSH = "push", "Push (pdbridge engines)"
+    # vLLM's built-in connectors (NixlConnector, ...): the prefill leg first; its answer's
+    # kv_transfer_params go to the decode leg, whose engine fetches the KV.
+    PULL = "pull", "Pull (vLLM connectors)"

@@ -62,6 +62,7 @@ def build_config(deployment: Deployment) -> dict[str, Any]:
             "checksum": deployment.checksum,
             "retry": deployment.retry,
             "timeout_ms": deployment.timeout_ms,
+            "mode": deployment.kv_mode,
         },
         "prefill": {"chunked_prefill_tokens": deployment.chunked_prefill_tokens},
         "pools": {

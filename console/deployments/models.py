@@ -10,7 +10,7 @@ from django.db import models
 
 from console.catalog.models import validate_json_object
 from console.core.models import Timestamped
-from console.deployments.choices import Compression, DeploymentState, PoolRole
+from console.deployments.choices import Compression, DeploymentState, KvMode, PoolRole
 from console.inventory.models import name_validator, validate_fraction
 
 
@@ -90,6 +90,13 @@ class Deployment(Timestamped):
     timeout_ms = models.PositiveIntegerField(
         default=4000,
         validators=[MinValueValidator(1), MaxValueValidator(3_600_000)],
+    )
+    kv_mode = models.CharField(
+        max_length=8,
+        choices=KvMode.choices,
+        default=KvMode.PUSH,
+        help_text="push: pdbridge engines (both legs at once); pull: vLLM's built-in connectors "
+        "(prefill first, its kv_transfer_params handed to the decode leg).",
     )
     # prefill
     chunked_prefill_tokens = models.PositiveIntegerField(

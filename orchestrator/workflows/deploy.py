@@ -348,6 +348,7 @@ def verification(ctx: StepContext) -> StepResult:
                 max_tokens=int(ctx.params.get("verify_max_tokens", 8)),
                 kv_destination=decode.kv_address,
                 deadline_s=float(ctx.params.get("verify_deadline_s", 30)),
+                kv_mode=deployment.kv_mode,
             )
         )
         reports.append({"prefill": target.hostname, **report})

@@ -20,6 +20,7 @@ DEPLOYMENT_SETTINGS = [
     "checksum",
     "retry",
     "timeout_ms",
+    "kv_mode",
     "chunked_prefill_tokens",
 ]
 

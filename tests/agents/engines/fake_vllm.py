@@ -12,7 +12,10 @@ no logits digests (vLLM has none). Each request body is appended to the record's
 ``requests``. ``FAKE_VLLM_OLD=1`` plays a vLLM older than 0.10.2 (no token ids);
 ``FAKE_VLLM_REMOTE_LOGPROB_SHIFT`` adds to every logprob after the first step of a decode leg
 (``do_remote_prefill``): the same tokens with drifted numerics, what a subtly damaged
-transferred KV cache can look like.
+transferred KV cache can look like. Like NixlConnector, a prefill leg (``do_remote_decode``)
+answers ``kv_transfer_params`` saying where its KV waits (``remote_engine_id``, block ids,
+host, port), and a decode leg without a ``transfer_id`` (pull mode) that does not carry them
+fails with HTTP 500, as a decode engine with nothing to fetch would.
 """
 
 from __future__ import annotations
@@ -63,7 +66,19 @@ def completion(body: dict, name: str) -> dict:
     if body.get("return_token_ids") and os.environ.get("FAKE_VLLM_OLD") != "1":
         choice["prompt_token_ids"] = prompt_ids
         choice["token_ids"] = tokens
+    extra: dict = {}
+    if (body.get("kv_transfer_params") or {}).get("do_remote_decode"):
+        extra["kv_transfer_params"] = {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": f"{name}-engine",
+            "remote_block_ids": [0, 1],
+            "remote_host": "127.0.0.1",
+            "remote_port": 5600,
+            "tp_size": 1,
+        }
     return {
+        **extra,
         "id": "cmpl-fake",
         "object": "text_completion",
         "model": name,
@@ -124,8 +139,18 @@ def main() -> None:
             with lock:
                 record["requests"].append(body)
                 save()
-            data = json.dumps(completion(body, name)).encode()
-            self.send_response(200)
+            kv = body.get("kv_transfer_params") or {}
+            status = 200
+            if (
+                kv.get("do_remote_prefill")
+                and "transfer_id" not in kv
+                and not kv.get("remote_engine_id")
+            ):
+                status = 500
+                data = json.dumps({"error": {"message": "no remote KV to fetch"}}).encode()
+            else:
+                data = json.dumps(completion(body, name)).encode()
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()

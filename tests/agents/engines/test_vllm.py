@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from agents.engines.base import AdapterError, EngineSpec, adapter_names, get_adapter
+from agents.engines.base import (
+    PULL_PREFILL_KV,
+    AdapterError,
+    EngineSpec,
+    adapter_names,
+    get_adapter,
+)
 from agents.engines.vllm import VllmAdapter
 from agents.engines.vllm import main as vllm_main
 from tests.agents.engines.client import free_port
@@ -268,3 +274,26 @@ def test_verify_refuses_to_pass_an_engine_without_token_ids(stand_ins):
     assert report["ok"] is False
     assert all("no token ids" in p["error"] for p in report["prompts"])
     assert all(p["match"] is False for p in report["prompts"])
+
+
+def test_verify_in_pull_mode_hands_the_prefill_answers_kv_params_to_the_decode_leg(stand_ins):
+    """vLLM's built-in connectors (``--kv-mode pull``, a deployment's ``kv_transfer.mode``):
+    the prefill leg goes first with one token and NixlConnector's empty remote fields, and the
+    decode leg carries what the prefill answered."""
+    prefill, decode, record = stand_ins()
+
+    code, report = _verify(prefill, decode, "--kv-mode", "pull", "--logprobs", "2")
+
+    assert code == 0, report
+    assert report["kv_mode"] == "pull"
+    assert all(p["match"] and p["tokens_compared"] == 5 for p in report["prompts"])
+    prefill_legs = json.loads(Path(prefill.spec.env["FAKE_VLLM_RECORD"]).read_text())["requests"]
+    assert [(r["max_tokens"], r["kv_transfer_params"]) for r in prefill_legs] == [
+        (1, dict(PULL_PREFILL_KV))
+    ] * 2
+    decode_legs = [
+        r for r in json.loads(record.read_text())["requests"] if "kv_transfer_params" in r
+    ]
+    assert [r["kv_transfer_params"]["remote_engine_id"] for r in decode_legs] == [
+        "qwen3-next-engine"
+    ] * 2

@@ -7,12 +7,16 @@ It is a real aiohttp server on loopback speaking the same HTTP surface the gatew
 push-mode ``kv_transfer_params`` convention: a prefill leg (``do_remote_decode``) deposits the
 "KV" for its ``transfer_id`` in a store shared by the doubles of one test; a decode leg
 (``do_remote_prefill``) waits for it up to ``kv_timeout_s`` and answers 503 with the code
-``kv_transfer_timeout`` when it does not come. Output tokens are a deterministic function of
+``kv_transfer_timeout`` when it does not come. Pull mode (vLLM's built-in connectors): a
+prefill leg without a ``transfer_id`` deposits the KV under a handle of its own and answers
+``kv_transfer_params`` naming it (``remote_request_id``, with NixlConnector-like fields); a
+decode leg finds the KV by that handle. Output tokens are a deterministic function of
 the prompt, so remote, local and fallback answers can be compared.
 
 Behaviour knobs (attributes, changeable mid-test): ``fail_status`` (answer every generation
 with this status), ``prefill_delay_s``, ``token_delay_s``, ``drop_kv`` (prefill answers 200
-but deposits nothing), ``die_after_events`` (close the connection mid-stream).
+but deposits nothing), ``die_after_events`` (close the connection mid-stream),
+``omit_kv_params`` (a pull-mode prefill answers without ``kv_transfer_params``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import asyncio
 import hashlib
 import json
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +59,8 @@ class EngineDouble:
         self.prefill_delay_s = 0.0
         self.token_delay_s = 0.0
         self.drop_kv = False
+        self.omit_kv_params = False
+        self.arrivals: list[float] = []  # time.monotonic() of each generation request
         self.die_after_events: int | None = None
         # Pass-through tests: a stream stops after this many events until ``release`` is set.
         self.hold_after_events: int | None = None
@@ -107,6 +114,7 @@ class EngineDouble:
         raw = await request.read()
         body = json.loads(raw)
         self.raw_bodies.append(raw)
+        self.arrivals.append(time.monotonic())
         self.requests.append(body)
         self.headers.append(request.headers.copy())
         self.active += 1
@@ -137,16 +145,30 @@ class EngineDouble:
             )  # fmt: skip
         if kv.get("do_remote_decode"):
             await asyncio.sleep(self.prefill_delay_s)
+            handle = kv.get("transfer_id") or f"pull-{uuid.uuid4().hex}"
             if not self.drop_kv:
-                self.kv.event(kv["transfer_id"]).set()
-            return web.json_response(
-                {"id": "cmpl-prefill", "object": "text_completion", "choices": [
-                    {"index": 0, "text": tokens_for(prompt, 1)[0], "finish_reason": "length"}],
-                 "kv_transfer_params": {"transfer_id": kv["transfer_id"], "sent": not self.drop_kv}}
-            )  # fmt: skip
+                self.kv.event(handle).set()
+            answer: dict[str, Any] = {
+                "id": "cmpl-prefill", "object": "text_completion", "choices": [
+                    {"index": 0, "text": tokens_for(prompt, 1)[0], "finish_reason": "length"}]}  # fmt: skip
+            if "transfer_id" in kv:
+                answer["kv_transfer_params"] = {"transfer_id": handle, "sent": not self.drop_kv}
+            elif not self.omit_kv_params:
+                answer["kv_transfer_params"] = {
+                    "do_remote_prefill": True, "do_remote_decode": False,
+                    "remote_engine_id": self.name, "remote_block_ids": [0, 1],
+                    "remote_host": "127.0.0.1", "remote_port": 5600, "remote_request_id": handle}  # fmt: skip
+            return web.json_response(answer)
         if kv.get("do_remote_prefill"):
+            handle = kv.get("transfer_id") or kv.get("remote_request_id")
+            if not handle:
+                return web.json_response(
+                    {"error": {"message": "kv_transfer_params: no KV to fetch",
+                               "type": "server_error", "code": "kv_transfer_params"}},
+                    status=500,
+                )  # fmt: skip
             try:
-                await asyncio.wait_for(self.kv.event(kv["transfer_id"]).wait(), self.kv_timeout_s)
+                await asyncio.wait_for(self.kv.event(handle).wait(), self.kv_timeout_s)
             except TimeoutError:
                 return web.json_response(
                     {"error": {"message": "the KV did not arrive in time", "type": "server_error",

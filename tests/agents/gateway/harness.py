@@ -68,6 +68,7 @@ async def gateway_env(
     console_url: str | None = None,
     state_dir: str | None = None,
     kv_timeout_s: float = 1.0,
+    kv_mode: str | None = None,
     **routing: Any,
 ) -> AsyncIterator[Env]:
     """Doubles + gateway. With ``console_url`` the gateway polls it (its snapshot must name the
@@ -83,7 +84,10 @@ async def gateway_env(
         gateway.apply(
             parse_snapshot(
                 snapshot(
-                    decode_urls=(decode.url,), prefill_sites={"remote": (prefill.url,)}, **routing
+                    decode_urls=(decode.url,),
+                    prefill_sites={"remote": (prefill.url,)},
+                    kv_mode=kv_mode,
+                    **routing,
                 )
             )
         )

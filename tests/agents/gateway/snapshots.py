@@ -12,9 +12,11 @@ def snapshot(
     version: int = 3,
     decode_urls: tuple[str, ...] = ("http://127.0.0.1:9",),
     prefill_sites: dict[str, tuple[str, ...]] | None = None,
+    kv_mode: str | None = None,
     **routing: Any,
 ) -> dict[str, Any]:
-    """A valid snapshot; ``routing`` keys override the routing section."""
+    """A valid snapshot; ``routing`` keys override the routing section; ``kv_mode`` sets
+    ``kv_transfer.mode`` (absent: the gateway's default, push)."""
     sites = prefill_sites if prefill_sites is not None else {"remote": ("http://127.0.0.1:10",)}
     data: dict[str, Any] = {
         "deployment": {"id": 1, "name": "demo", "state": "active"},
@@ -81,4 +83,6 @@ def snapshot(
         ],
     }
     data["routing"].update(routing)
+    if kv_mode is not None:
+        data["kv_transfer"]["mode"] = kv_mode
     return copy.deepcopy(data)

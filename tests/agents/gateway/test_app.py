@@ -83,6 +83,58 @@ def test_long_request_goes_remote_with_both_legs_and_same_output_as_local():
     assert prefill_headers[0]["X-Request-Id"] == "r1"
 
 
+def test_pull_mode_sends_prefill_first_and_hands_its_kv_params_to_the_decode_leg():
+    """vLLM's built-in connectors (kv_transfer.mode: pull): the decode leg goes out only after
+    the prefill leg answered, carrying the prefill's ``kv_transfer_params`` unchanged."""
+
+    async def scenario():
+        async with gateway_env(kv_mode="pull") as env:
+            env.prefill.prefill_delay_s = 0.3
+            plain = await env.post(completion(LONG))
+            streamed = await env.post(completion(LONG, stream=True))
+            pull = (plain, streamed, env.prefill.requests, env.decode.requests)
+            timing = (env.prefill.arrivals, env.decode.arrivals)
+        async with gateway_env(kill_switch=True) as env_local:
+            local = await env_local.post(completion(LONG))
+        return pull, timing, local
+
+    (plain, streamed, prefills, decodes), (prefill_at, decode_at), local = run(scenario())
+
+    assert [(r[0], r[1]["x-pdbridge-path"]) for r in (plain, streamed)] == [(200, "remote")] * 2
+    assert json.loads(plain[2])["choices"] == json.loads(local[2])["choices"]
+    assert streamed[2].endswith(b"data: [DONE]\n\n")
+    for prefill, decode, sent, asked in zip(prefills, decodes, prefill_at, decode_at, strict=True):
+        assert prefill["kv_transfer_params"] == {
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+            "remote_engine_id": None,
+            "remote_block_ids": None,
+            "remote_host": None,
+            "remote_port": None,
+        }
+        assert (prefill["stream"], prefill["max_tokens"]) == (False, 1)
+        params = decode["kv_transfer_params"]
+        assert params["remote_engine_id"] == "prefill"
+        assert params["remote_request_id"].startswith("pull-")
+        assert asked - sent >= 0.3  # sent after the prefill answered, not beside it
+    assert decodes[1]["stream"] is True
+
+
+def test_pull_mode_prefill_answer_without_kv_params_falls_back():
+    async def scenario():
+        async with gateway_env(kv_mode="pull") as env:
+            env.prefill.omit_kv_params = True
+            result = await env.post(completion(LONG))
+            return result, env.decode.requests, await env.metrics()
+
+    (status, headers, _), decode_requests, metrics = run(scenario())
+
+    assert (status, headers["x-pdbridge-path"]) == (200, "fallback")
+    [local_leg] = decode_requests  # only the local prefill + decode, no remote decode leg
+    assert "kv_transfer_params" not in local_leg
+    assert 'pdbridge_gateway_fallbacks_total{cause="prefill_error"} 1.0' in metrics
+
+
 def test_streaming_passes_sse_through_byte_for_byte():
     body = completion(LONG, stream=True, stream_options={"include_usage": True})
 

@@ -23,6 +23,8 @@ def test_parses_contract_snapshot():
     assert [s.name for s in config.prefill] == ["remote"]
     assert config.links["remote"].bandwidth_mbit_s == 100000
     assert config.kv_timeout_ms == 4000
+    assert config.kv_mode == "push"  # absent from the snapshot: pdbridge's own convention
+    assert parse_snapshot(snapshot(kv_mode="pull")).kv_mode == "pull"
 
 
 def test_engine_url_defaults_from_hostname_and_pool_port():
@@ -73,6 +75,7 @@ def test_measured_bandwidth_wins_over_provisioned():
             "pools.decode.nodes[0].engine_url",
         ),
         (lambda d: d["pools"].update(prefill={}), "pools.prefill"),
+        (lambda d: d["kv_transfer"].update(mode="nixl"), "kv_transfer.mode"),
         (lambda d: d["links"][0].update(utilization_ceiling=2), "links[0].utilization_ceiling"),
         (lambda d: d.pop("deployment"), "snapshot.deployment"),
         (lambda d: d.update(routing=[1]), "routing: must be an object"),

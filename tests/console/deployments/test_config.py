@@ -54,6 +54,7 @@ def test_config_document_follows_the_contract(api_as, world):
         "checksum": True,
         "retry": 3,
         "timeout_ms": 4000,
+        "mode": "push",
     }
     assert body["prefill"] == {"chunked_prefill_tokens": 2048}
     assert body["pools"] == {
