@@ -6,9 +6,9 @@ the decode leg to the decode engine, either with one ``transfer_id`` and both at
 mode, pdbridge's engines) or one after the other with the prefill answer's
 ``kv_transfer_params`` handed to the decode leg (pull mode, vLLM's built-in connectors; see
 ``agents.engines.base.KV_MODES``), and (b) the same prompt as a plain request to the decode
-engine (local prefill + decode). It then
-compares token ids and, where both responses carry them, per-step logits digests, and reports
-per prompt: match, the first divergent position and step, tokens compared and timings.
+engine (local prefill + decode). It then compares token ids and, where both responses carry
+them, per-step logits digests, and reports per prompt: match, the first divergent position
+and step, tokens compared and timings.
 Results are bit-identical only when both engines chunk prefill at the same boundaries, so the
 engines' ``chunked_prefill_tokens`` are read and compared first.
 
