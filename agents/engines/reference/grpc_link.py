@@ -109,8 +109,18 @@ class LinkPool:
         self._users[link] = self._users.get(link, 0) + 1
         return link
 
-    async def release(self, link: kv.Link) -> None:
+    async def release(self, link: kv.Link, failed: bool = False) -> None:
+        """Hand ``link`` back. ``failed``: a transfer on it failed, so it is retired: its
+        connections may carry damage that gRPC's reconnects and keepalive never notice (a
+        corrupted byte in HTTP/2 header compression state is one such), and the next
+        transfer to this destination gets new connections instead of up to ``max_age_s`` of
+        the same failure."""
         self._users[link] -= 1
+        if failed:
+            for target, (current, _) in list(self._current.items()):
+                if current is link:
+                    del self._current[target]
+                    self._retired.add(link)
         if link in self._retired and not self._users[link]:
             await self._close(link)
 
@@ -157,8 +167,8 @@ class GrpcSender(KvSender):
             cm = kv.open_transfer(target, to_kv_header(header), pool.options, link=link)
             try:
                 return link, cm, await cm.__aenter__()
-            except BaseException:
-                await pool.release(link)
+            except BaseException as exc:
+                await pool.release(link, failed=isinstance(exc, Exception))
                 raise
 
         self._link, self._cm, self._tx = self._call(enter())
@@ -226,7 +236,8 @@ class GrpcSender(KvSender):
             else:
                 await asyncio.shield(self._cm.__aexit__(type(exc), exc, exc.__traceback__))
         finally:
-            await asyncio.shield(self._pool.release(self._link))
+            failed = exc is not None and not isinstance(exc, asyncio.CancelledError)
+            await asyncio.shield(self._pool.release(self._link, failed=failed))
 
 
 def _engine_error(exc: Exception) -> TransferError:

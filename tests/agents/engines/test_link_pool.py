@@ -5,11 +5,12 @@ transfer). Real receiver on loopback."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 
 from agents.engines.reference.grpc_link import LinkPool
-from grpc_kv.api import LinkOptions, open_transfer
-from tests.grpc_kv.kvtest import INSECURE, make_header, receiver, run
+from grpc_kv.api import FingerprintMismatch, LinkOptions, TransferRefused, open_transfer
+from tests.grpc_kv.kvtest import FP, INSECURE, OTHER_FP, make_header, receiver, run
 from tests.support import connections_to
 
 
@@ -65,3 +66,44 @@ def test_an_aged_link_is_retired_and_closes_with_its_last_transfer():
     assert different
     assert during == 2
     assert after == 1
+
+
+def test_a_link_whose_transfer_failed_is_retired_and_the_next_transfer_gets_a_new_one():
+    """A failed transfer's connections may carry damage gRPC never notices (a corrupted byte in
+    HTTP/2 header compression state): the engine hands the link back with ``failed=True``
+    (GrpcSender on any failure but cancellation), and the next transfer to that destination
+    connects afresh instead of reusing it for up to ``max_age_s``. Here the failure is a
+    refused Begin (wrong model)."""
+
+    async def scenario():
+        async with receiver() as (server, target):
+            pool = LinkPool(LinkOptions(connections=1, compression="none"), INSECURE)
+            # A transfer that fails: the receiver is told to refuse it at Begin.
+            bad = pool.acquire(target)
+            header = make_header({"kv": 1024}, fingerprint=OTHER_FP)
+            waiting = asyncio.create_task(
+                server.open(header.transfer_id, 5.0, expect_fingerprint=FP)
+            )
+            await asyncio.sleep(0.05)  # the decode side registers its expectation first
+            failed = False
+            try:
+                async with open_transfer(target, header, pool.options, link=bad) as tx:
+                    await tx.send_layer("kv", os.urandom(1024))
+                    await tx.finish()
+            except TransferRefused:
+                failed = True
+            with contextlib.suppress(FingerprintMismatch):
+                await waiting
+            await pool.release(bad, failed=True)
+            after_failure = pool.links
+            await send(pool, server, target)  # the next transfer works, on a new link
+            fresh = pool.acquire(target)
+            await pool.release(fresh)
+            await pool.close()
+            return failed, after_failure, fresh is not bad
+
+    failed, after_failure, fresh = run(scenario())
+
+    assert failed
+    assert after_failure == 0  # the failed link was closed (it had no other user)
+    assert fresh
