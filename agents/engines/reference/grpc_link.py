@@ -82,7 +82,8 @@ class LinkPool:
     token bucket so the link's utilisation ceiling holds across concurrent transfers rather
     than per transfer. A broken connection is replaced by the link itself (reconnect, resume).
     A link older than ``max_age_s`` is retired: new transfers get a fresh one, which reads the
-    certificate files again (rotation), and the old one closes when its last transfer ends.
+    certificate files again (rotation), and the old one closes when its last transfer ends;
+    so is a link handed back after a failed transfer (``release(link, failed=True)``).
     Used only on the event loop (grpc.aio channels belong to the loop that made them).
     """
 
