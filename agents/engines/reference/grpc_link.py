@@ -117,11 +117,9 @@ class LinkPool:
         transfer to this destination gets new connections instead of up to ``max_age_s`` of
         the same failure."""
         self._users[link] -= 1
-        if failed:
-            for target, (current, _) in list(self._current.items()):
-                if current is link:
-                    del self._current[target]
-                    self._retired.add(link)
+        if failed and self._current.get(link.target, (None, 0.0))[0] is link:
+            del self._current[link.target]
+            self._retired.add(link)
         if link in self._retired and not self._users[link]:
             await self._close(link)
 
