@@ -36,6 +36,9 @@ log = logging.getLogger("grpc_kv.bulk")
 
 #: Chunks above this many bytes that need decompressing are decoded in a worker thread.
 _THREAD_DECODE_BYTES = 256 * 1024
+#: Plaintext: while a payload arrives, the kernel wakes the loop only once this many of its
+#: bytes (or all that remain of it) are waiting (``SO_RCVLOWAT``), not for every segment.
+RCVLOWAT = 1 << 20
 
 
 class BulkServer:
@@ -93,7 +96,13 @@ class _BulkConnection(asyncio.BufferedProtocol):
     """One data connection on the receiver: a state machine over the frames (magic ->
     prefix -> head -> payload). ``get_buffer`` hands out exactly the bytes the current
     field still needs, so a payload lands in its buffer straight from ``recv_into``
-    (or from the TLS record decryption) and never passes through an intermediate one."""
+    (or from the TLS record decryption) and never passes through an intermediate one.
+
+    On plaintext connections the socket's receive low-water mark follows the frame: up to
+    ``RCVLOWAT`` while a payload arrives, never more than what remains of it, and 1 byte
+    for the small fields. Without it the loop woke for every 64 KiB segment on loopback,
+    and those wakeups, not the copy, were most of the receiver's CPU per byte
+    (docs/kv-link.md, "Performance")."""
 
     def __init__(self, server: BulkServer) -> None:
         self.server = server
@@ -116,6 +125,8 @@ class _BulkConnection(asyncio.BufferedProtocol):
         self.handshake: asyncio.Task[None] | None = None
         self.backlog: list[bytes] = []
         self.hello_timer: asyncio.TimerHandle | None = None
+        self.sock: Any = None  # plaintext only: the socket whose SO_RCVLOWAT follows frames
+        self.lowat = 1
 
     # -- transport callbacks --------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -129,6 +140,11 @@ class _BulkConnection(asyncio.BufferedProtocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.server.tls.insecure:
+                # Not under TLS: a record partly decrypted already would make the bytes
+                # left on the socket fewer than the payload's remainder, and a mark above
+                # them would never be reached.
+                self.sock = sock
         # A connection must name its transfer soon: an idle or silent one is not kept.
         self.hello_timer = asyncio.get_running_loop().call_later(
             HANDSHAKE_TIMEOUT_S, self._hello_overdue
@@ -215,6 +231,24 @@ class _BulkConnection(asyncio.BufferedProtocol):
             return
         self.got += nbytes
         self._advance()
+        self._follow_lowat()
+
+    def _follow_lowat(self) -> None:
+        """Set SO_RCVLOWAT for what the parser waits for now (see the class docstring). A
+        mark above what will ever arrive would stall the connection, hence the remainder
+        cap; a platform that refuses the option just keeps waking per segment."""
+        if self.sock is None:
+            return
+        want = 1
+        if self.state == "payload":
+            want = max(1, min(self.payload_len - self.got, RCVLOWAT))
+        if want != self.lowat:
+            try:
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, want)
+            except OSError:
+                self.sock = None
+                return
+            self.lowat = want
 
     def eof_received(self) -> bool | None:
         self.eof = True
@@ -382,6 +416,7 @@ class _BulkConnection(asyncio.BufferedProtocol):
         if self.eof:
             self._close_when_idle()
             return
+        self._follow_lowat()
         self.transport.resume_reading()  # type: ignore[attr-defined]
 
     def _corrupt(self, chunk: Any, exc: Exception) -> None:
