@@ -114,6 +114,14 @@ class Transfer:
         async with self._cond:
             self._cond.notify_all()
 
+    async def _wait(self) -> None:
+        """With ``_cond`` held: wait for a notify, at most until the deadline (the caller
+        re-checks its condition). A timeout scope, not ``wait_for``: no task per wait, and
+        every chunk waits twice (the producer for buffer space, a worker for the window)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(self.remaining(), 0.01)):
+                await self._cond.wait()
+
     def _fail(self, error: TransferError) -> None:
         if self._error is None:
             self._error = error
@@ -313,8 +321,7 @@ class Transfer:
         async with self._cond:
             while self._buffered + chunk.wire > self.options.send_buffer_bytes and self._unacked:
                 self._raise_if_failed()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._cond.wait(), max(self.remaining(), 0.01))
+                await self._wait()
             self._raise_if_failed()
             self._buffered += chunk.wire
             self._unacked[seq] = chunk
@@ -330,8 +337,7 @@ class Transfer:
         async with self._cond:
             while self._unacked:
                 self._raise_if_failed()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._cond.wait(), max(self.remaining(), 0.01))
+                await self._wait()
         self._raise_if_failed()
         trailer = pb.Trailer(
             transfer_id=self.header.transfer_id,
@@ -431,8 +437,7 @@ class Transfer:
                     chunk.conn = index
                     self._inflight[chunk.seq] = chunk
                     return chunk
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._cond.wait(), max(self.remaining(), 0.01))
+                await self._wait()
                 if self.remaining() <= 0:
                     return None
 
