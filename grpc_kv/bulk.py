@@ -292,24 +292,33 @@ class BulkStream:
             raise BulkBroken("data connection not open")
         return bytes(await self._until_dead(self._reader.read(65536)))
 
+    def ready_ack(self) -> Any:
+        """The next Ack already received, or None (no wait: the sender drains every ack
+        that one socket read brought before it waits again)."""
+        if len(self._rbuf) < ACK_PREFIX.size:
+            return None
+        (length,) = ACK_PREFIX.unpack_from(self._rbuf)
+        if length > MAX_ACK:
+            raise BulkBroken(f"ack frame of {length} bytes")
+        end = ACK_PREFIX.size + length
+        if len(self._rbuf) < end:
+            return None
+        try:
+            ack = pb.Ack.FromString(bytes(self._rbuf[ACK_PREFIX.size : end]))
+        except DecodeError as exc:
+            raise BulkBroken("malformed ack frame") from exc
+        del self._rbuf[:end]
+        if ack.status == pb.ACK_REFUSED:
+            code = _CODES.get(ack.code, grpc.StatusCode.UNKNOWN)
+            raise BulkRefused(code, ack.detail)
+        return ack
+
     async def read(self) -> Any:
         """The next Ack, or ``eof`` when the receiver closed the stream cleanly."""
         while True:
-            if len(self._rbuf) >= ACK_PREFIX.size:
-                (length,) = ACK_PREFIX.unpack_from(self._rbuf)
-                if length > MAX_ACK:
-                    raise BulkBroken(f"ack frame of {length} bytes")
-                end = ACK_PREFIX.size + length
-                if len(self._rbuf) >= end:
-                    try:
-                        ack = pb.Ack.FromString(bytes(self._rbuf[ACK_PREFIX.size : end]))
-                    except DecodeError as exc:
-                        raise BulkBroken("malformed ack frame") from exc
-                    del self._rbuf[:end]
-                    if ack.status == pb.ACK_REFUSED:
-                        code = _CODES.get(ack.code, grpc.StatusCode.UNKNOWN)
-                        raise BulkRefused(code, ack.detail)
-                    return ack
+            ack = self.ready_ack()
+            if ack is not None:
+                return ack
             data = await self._recv()
             if not data:
                 if self._rbuf:

@@ -91,7 +91,14 @@ class Transfer:
         self._buffered = 0
         self._closed = False  # producer called finish
         self._error: TransferError | None = None
-        self._cond = asyncio.Condition()
+        # One lock, two conditions, so that each event wakes only who can act on it: the
+        # stream workers wait on ``_cond`` (a chunk queued, a window slot freed), the
+        # producer and ``finish`` on ``_space`` (acknowledgements). Waits carry no timer
+        # each: ``_deadline_task`` wakes everyone once, at the deadline.
+        lock = asyncio.Lock()
+        self._cond = asyncio.Condition(lock)
+        self._space = asyncio.Condition(lock)
+        self._deadline_task: asyncio.Task[None] | None = None
         self._workers: list[asyncio.Task[None]] = []
         self._begun = asyncio.Event()
         self._done = False
@@ -99,6 +106,11 @@ class Transfer:
         self._timers: set[asyncio.Future[None]] = set()
         #: Bulk data port the receiver advertised in Begin (0: chunks go over gRPC).
         self._bulk_port = 0
+        # Counters bumped for every chunk, resolved once (``labels`` takes a lock and a
+        # lookup per call).
+        self._count_wire = link.metrics.bytes_wire.labels(ROLE)
+        self._count_raw = link.metrics.bytes_raw.labels(ROLE)
+        self._count_chunks = link.metrics.chunks.labels(ROLE)
         #: Push streams that broke (RPC error, stall): their call objects outlive them.
         self.broken_calls = 0
         self.finished = False  # finish() returned: every chunk acknowledged
@@ -112,15 +124,18 @@ class Transfer:
 
     async def _notify(self) -> None:
         async with self._cond:
-            self._cond.notify_all()
+            self._wake_all()
 
-    async def _wait(self) -> None:
-        """With ``_cond`` held: wait for a notify, at most until the deadline (the caller
-        re-checks its condition). A timeout scope, not ``wait_for``: no task per wait, and
-        every chunk waits twice (the producer for buffer space, a worker for the window)."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(self.remaining(), 0.01)):
-                await self._cond.wait()
+    def _wake_all(self) -> None:
+        """With the lock held: wake every waiter (an ack, a failure, the end, the deadline)."""
+        self._cond.notify_all()
+        self._space.notify_all()
+
+    async def _wake_at_deadline(self) -> None:
+        """Wake every waiter once the deadline has passed: each re-checks ``remaining()``
+        (``_raise_if_failed``) before waiting again, so none outlives it."""
+        await asyncio.sleep(max(self.remaining(), 0) + 0.001)
+        await self._notify()
 
     def _fail(self, error: TransferError) -> None:
         if self._error is None:
@@ -192,6 +207,7 @@ class Transfer:
     async def start(self) -> None:
         """Begin the transfer (retrying an unreachable receiver until the deadline) and
         start one stream worker per connection."""
+        self._deadline_task = asyncio.create_task(self._wake_at_deadline())
         attempt = 0
         while True:
             self._raise_if_failed()
@@ -321,7 +337,7 @@ class Transfer:
         async with self._cond:
             while self._buffered + chunk.wire > self.options.send_buffer_bytes and self._unacked:
                 self._raise_if_failed()
-                await self._wait()
+                await self._space.wait()
             self._raise_if_failed()
             self._buffered += chunk.wire
             self._unacked[seq] = chunk
@@ -337,7 +353,7 @@ class Transfer:
         async with self._cond:
             while self._unacked:
                 self._raise_if_failed()
-                await self._wait()
+                await self._space.wait()
         self._raise_if_failed()
         trailer = pb.Trailer(
             transfer_id=self.header.transfer_id,
@@ -409,6 +425,8 @@ class Transfer:
         )
 
     async def _stop_workers(self) -> None:
+        if self._deadline_task is not None:
+            self._deadline_task.cancel()
         for task in self._workers:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
@@ -437,9 +455,9 @@ class Transfer:
                     chunk.conn = index
                     self._inflight[chunk.seq] = chunk
                     return chunk
-                await self._wait()
                 if self.remaining() <= 0:
                     return None
+                await self._cond.wait()
 
     async def _requeue(self, chunk: OutChunk, counts: bool) -> None:
         """Put a chunk back at the front; ``counts``: the attempt counts against retry."""
@@ -456,7 +474,7 @@ class Transfer:
             if not chunk.queued:
                 self._queue.appendleft(chunk)
                 chunk.queued = True
-            self._cond.notify_all()
+            self._wake_all()  # a failed retry ends the producer's wait too
 
     def _requeue_later(self, chunk: OutChunk, delay: float) -> None:
         def fire() -> None:
@@ -566,7 +584,7 @@ class Transfer:
                     self.link.metrics.retransmits.labels(ROLE).inc()
                 chunk.sends += 1
                 self.summary.bytes_wire += chunk.wire
-                self.link.metrics.bytes_wire.labels(ROLE).inc(chunk.wire)
+                self._count_wire.inc(chunk.wire)
             if not reader.done():
                 await call.done_writing()
             await reader
@@ -608,6 +626,8 @@ class Transfer:
         # writing; anything still in flight on it goes around again.
         # One read kept pending across timeouts: cancelling a grpc.aio read cancels the RPC.
         read = asyncio.ensure_future(call.read())
+        # A bulk data connection hands over the acks it already holds without a wait.
+        ready = getattr(call, "ready_ack", None)
         try:
             while True:
                 done, _ = await asyncio.wait({read}, timeout=self._stall_timeout())
@@ -625,15 +645,17 @@ class Transfer:
                 if ack is EOF:
                     await self._requeue_connection(index)
                     return
-                read = asyncio.ensure_future(call.read())
                 await self._on_ack(ack)
+                while ready is not None and (ack := ready()) is not None:
+                    await self._on_ack(ack)
+                read = asyncio.ensure_future(call.read())
         finally:
             # A read given up on may still end with the call's error (cancelling it races
             # with the RPC failing); retrieve that, or asyncio logs "exception never retrieved"
             # with a traceback that keeps the call, and so its connection, alive.
             read.add_done_callback(_retrieve)
             read.cancel()
-            del call, read  # see _stream
+            del call, read, ready  # see _stream
 
     async def _on_ack(self, ack: Any) -> None:
         chunk = self._unacked.get(ack.seq)
@@ -642,10 +664,10 @@ class Transfer:
         if ack.status == pb.ACK_OK:
             async with self._cond:
                 self._acked(chunk)
-                self._cond.notify_all()
+                self._wake_all()  # a window slot and buffer space
             self.link.observe_acked(chunk.wire)
-            self.link.metrics.bytes_raw.labels(ROLE).inc(chunk.raw)
-            self.link.metrics.chunks.labels(ROLE).inc()
+            self._count_raw.inc(chunk.raw)
+            self._count_chunks.inc()
             if self._unverified:
                 self.link.metrics.unverified.labels(ROLE).inc()
         elif ack.status == pb.ACK_CORRUPT:
