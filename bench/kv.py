@@ -376,7 +376,7 @@ def grpcio_baseline(total: int, connections: int) -> tuple[float, dict[str, floa
     return rate, {"sender": sender_cpu, "receiver": receiver_cpu}
 
 
-def loopback(results: dict[str, Any], quick: bool, rounds: int = 3) -> None:
+def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
     """1 GiB over loopback by plain TCP, bare grpcio and the KV link (gRPC and bulk data
     paths), in ``rounds``
     interleaved rounds. On a shared machine one method's single run may land in another
@@ -546,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smaller transfers")
     parser.add_argument("--out", type=Path, default=Path("var/bench/kv.json"))
     parser.add_argument("--skip", action="append", default=[], help="shaped|loopback|memory")
-    parser.add_argument("--rounds", type=int, default=3, help="loopback rounds per method")
+    parser.add_argument("--rounds", type=int, default=5, help="loopback rounds per method")
     args = parser.parse_args(argv)
     results: dict[str, Any] = {
         "host": platform.node(),
