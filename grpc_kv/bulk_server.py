@@ -12,7 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import platform
+import re
 import socket
+import sys
 from typing import Any
 
 import grpc
@@ -39,6 +42,18 @@ _THREAD_DECODE_BYTES = 256 * 1024
 #: Plaintext: while a payload arrives, the kernel wakes the loop only once this many of its
 #: bytes (or all that remain of it) are waiting (``SO_RCVLOWAT``), not for every segment.
 RCVLOWAT = 1 << 20
+
+
+def _kernel_grows_rcvbuf_for_lowat() -> bool:
+    """Linux >= 4.18 raises a socket's receive buffer to hold its SO_RCVLOWAT mark (and caps
+    the mark); on older kernels a mark above what the buffer can hold is never reached."""
+    found = re.match(r"(\d+)\.(\d+)", platform.release())
+    if sys.platform != "linux" or found is None:
+        return False
+    return (int(found[1]), int(found[2])) >= (4, 18)
+
+
+_FOLLOW_LOWAT = _kernel_grows_rcvbuf_for_lowat()
 
 
 class BulkServer:
@@ -140,7 +155,7 @@ class _BulkConnection(asyncio.BufferedProtocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.server.tls.insecure:
+            if self.server.tls.insecure and _FOLLOW_LOWAT:
                 # Not under TLS: a record partly decrypted already would make the bytes
                 # left on the socket fewer than the payload's remainder, and a mark above
                 # them would never be reached.

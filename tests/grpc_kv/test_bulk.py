@@ -444,7 +444,26 @@ def test_a_trickled_payload_is_read_per_megabyte_and_the_frames_after_it_at_once
     # 3 MiB + a remainder in 49 pieces: 4 reads of at least the mark each and the remainder
     # (a few more allowed: the kernel may wake early under memory pressure); the small
     # chunk is one read.
-    assert len(reads) <= 8, reads
+    assert len(reads) <= 8, reads  # (the mark is followed on Linux >= 4.18 only)
+
+
+@pytest.mark.parametrize(
+    ("platform_name", "release", "follows"),
+    [
+        ("linux", "6.18.44-fc-v857", True),
+        ("linux", "4.18.0-553.el8_10.x86_64", True),
+        ("linux", "4.17.19", False),
+        ("linux", "3.10.0-1160.el7.x86_64", False),  # RHEL 7: the mark could never be reached
+        ("linux", "unknown", False),
+        ("darwin", "23.4.0", False),
+    ],
+)
+def test_the_receive_mark_is_followed_only_where_the_kernel_grows_the_buffer_for_it(
+    monkeypatch, platform_name, release, follows
+):
+    monkeypatch.setattr(grpc_kv.bulk_server.sys, "platform", platform_name)
+    monkeypatch.setattr(grpc_kv.bulk_server.platform, "release", lambda: release)
+    assert grpc_kv.bulk_server._kernel_grows_rcvbuf_for_lowat() is follows
 
 
 def test_data_port_refuses_no_certificate_another_ca_and_peers_off_the_allowlist(pki):
