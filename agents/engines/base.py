@@ -57,6 +57,27 @@ PULL_PREFILL_KV: Mapping[str, Any] = MappingProxyType(
 )
 
 
+def push_kv_params(
+    transfer_id: str, kv_destination: str, deadline_s: float
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Push mode's ``kv_transfer_params`` for (the prefill leg, the decode leg): one
+    ``transfer_id``; the prefill engine sends to ``kv_destination``, and the decode engine
+    waits ``deadline_s`` for the KV before answering its distinct KV error."""
+    prefill = {
+        "do_remote_decode": True,
+        "do_remote_prefill": False,
+        "transfer_id": transfer_id,
+        "kv_destination": kv_destination,
+    }
+    decode = {
+        "do_remote_prefill": True,
+        "do_remote_decode": False,
+        "transfer_id": transfer_id,
+        "deadline_s": deadline_s,
+    }
+    return prefill, decode
+
+
 def pulled_kv_params(answer: Any) -> dict[str, Any] | None:
     """The ``kv_transfer_params`` of a pull-mode prefill answer (a decoded JSON body), for
     the decode leg; None when there are none (nothing to fetch)."""

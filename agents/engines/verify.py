@@ -31,7 +31,7 @@ from typing import Any
 
 import aiohttp
 
-from agents.engines.base import KV_MODES, PULL_PREFILL_KV, pulled_kv_params
+from agents.engines.base import KV_MODES, PULL_PREFILL_KV, pulled_kv_params, push_kv_params
 
 #: Prompt lengths (tokens of the byte tokenizer) of the default suite: the guide's 4K/16K/32K
 #: scaled to what the CPU reference engine does in seconds.
@@ -228,30 +228,13 @@ async def verify_prompt(
                 session, f"{decode}/v1/completions", {**base, "kv_transfer_params": params}
             )
         else:
+            prefill_kv, decode_kv = push_kv_params(tid, kv_destination, deadline_s)
             pre, dec = await asyncio.gather(
                 _post(
-                    session,
-                    f"{prefill}/v1/completions",
-                    {
-                        **base,
-                        "kv_transfer_params": {
-                            "do_remote_decode": True,
-                            "transfer_id": tid,
-                            "kv_destination": kv_destination,
-                        },
-                    },
+                    session, f"{prefill}/v1/completions", {**base, "kv_transfer_params": prefill_kv}
                 ),
                 _post(
-                    session,
-                    f"{decode}/v1/completions",
-                    {
-                        **base,
-                        "kv_transfer_params": {
-                            "do_remote_prefill": True,
-                            "transfer_id": tid,
-                            "deadline_s": deadline_s,
-                        },
-                    },
+                    session, f"{decode}/v1/completions", {**base, "kv_transfer_params": decode_kv}
                 ),
             )
         timings["remote_s"] = time.monotonic() - t0

@@ -26,7 +26,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agents.engines.base import PULL_PREFILL_KV, pulled_kv_params
+from agents.engines.base import PULL_PREFILL_KV, pulled_kv_params, push_kv_params
 from agents.gateway.budget import FallbackBudget
 from agents.gateway.config import DeploymentConfig, GatewaySettings, Instance
 from agents.gateway.decision import Decision
@@ -416,21 +416,10 @@ class Gateway:
             # decode leg (sent after that answer) carries it to the decode engine unchanged.
             prefill_kv: dict[str, Any] = dict(PULL_PREFILL_KV)
         else:
-            transfer_id = uuid.uuid4().hex
-            prefill_kv = {
-                "do_remote_decode": True,
-                "do_remote_prefill": False,
-                "transfer_id": transfer_id,
-                "kv_destination": decode.kv_address,
-            }
-            # deadline_s: how long the decode engine waits for the KV before answering its
-            # distinct KV error (the gateway then falls back).
-            decode_kv = {
-                "do_remote_prefill": True,
-                "do_remote_decode": False,
-                "transfer_id": transfer_id,
-                "deadline_s": config.kv_timeout_ms / 1000,
-            }
+            # The decode engine's KV error after kv_timeout_ms makes the gateway fall back.
+            prefill_kv, decode_kv = push_kv_params(
+                uuid.uuid4().hex, decode.kv_address, config.kv_timeout_ms / 1000
+            )
         self.router.note_remote_tokens(site, decision.incremental_tokens)
         self.router.begin(prefill.url, site)
         started = time.monotonic()
