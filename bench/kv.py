@@ -8,8 +8,11 @@ side in one run, JSON to ``var/bench/kv.json``.
   does. Needs root; skipped (and said so in the JSON) without it.
 * Unshaped loopback, 1 GiB: KV-link goodput vs a plain TCP socket moving the same bytes,
   with 1 and 4 connections (target >= 0.8 x), and bare grpcio moving them too (the
-  ceiling of anything built on grpcio, measured in the same run). Each method's CPU
-  seconds per GB on each side are recorded too: on a machine whose cores the two ends
+  ceiling of anything built on grpcio, measured in the same run), and "checked TCP":
+  plain TCP plus only what every verified link does per chunk (an xxh3 checksum written
+  by the sender and verified by the receiver, an acknowledgement back), the reference for
+  how much of the gap to plain TCP the checksums alone cost on this machine. Each method's
+  CPU seconds per GB on each side are recorded too: on a machine whose cores the two ends
   (and other tenants) share, goodput is bounded by the inverse of their sum, a figure far
   less noisy than the throughput of one run.
 * Time to the first verified layer at a consumer (local socket of the receiver sidecar) of a
@@ -28,6 +31,7 @@ import os
 import platform
 import resource
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from grpc_kv.alloc import tune_allocator
 from grpc_kv.api import (
@@ -234,28 +239,70 @@ def cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def tcp_baseline(total: int, connections: int, data: bytes) -> tuple[float, dict[str, float]]:
+def tcp_baseline(
+    total: int, connections: int, data: bytes, checked: bool = False
+) -> tuple[float, dict[str, float]]:
     """MB/s of plain TCP sockets over loopback: a sink thread per connection (here a child
     process, like the KV receiver) reading into one reused buffer, and ``connections``
     sending threads writing ``data`` (the very buffer the KV link sends, again and again)
     in 4 MiB slices, like the link's chunks; and the CPU seconds each side spent (the sink
-    reports its own, from its first accept)."""
+    reports its own, from its first accept).
+
+    ``checked``: plain TCP plus the least any verified link must do per chunk, with nothing
+    else (no protocol, window, event loop or Python on the byte path): the sender computes
+    the slice's xxh3 and writes it in an 8-byte prefix with the length, the sink verifies it
+    and answers an 8-byte acknowledgement, which a reader thread per connection collects.
+    Its goodput is the ceiling of a checksummed link on this machine."""
     sink = subprocess.Popen(
-        [sys.executable, "-c", SINK, str(connections)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", SINK, str(connections), "checked" if checked else "plain"],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert sink.stdout is not None
     port = int(sink.stdout.readline())
     view = memoryview(data)
     per = total // connections
+    failures: list[BaseException] = []
 
     def push() -> None:
         with socket.create_connection(("127.0.0.1", port)) as sock:
-            sent = 0
-            while sent < per:
-                start = sent % len(view)
-                block = view[start : start + 4 * MIB]
-                sock.sendall(block)
-                sent += len(block)
+            slices = [
+                view[start : start + SLICE]
+                for start in (sent % len(view) for sent in range(0, per, SLICE))
+            ]
+            reader = None
+            if checked:
+                reader = threading.Thread(target=collect_acks, args=(sock, len(slices)))
+                reader.start()
+            for block in slices:
+                if checked:
+                    prefix = CHECKED_PREFIX.pack(len(block), xxhash.xxh3_64_intdigest(block))
+                    sent = sock.sendmsg([prefix, block])
+                    if sent < len(prefix):
+                        sock.sendall(prefix[sent:])
+                        sent = len(prefix)
+                    sock.sendall(block[sent - len(prefix) :])
+                else:
+                    sock.sendall(block)
+            if reader is not None:
+                reader.join()
+
+    def collect_acks(sock: socket.socket, count: int) -> None:
+        try:
+            got = b""
+            while count:
+                data = sock.recv(65536)
+                if not data:
+                    raise RuntimeError("checked TCP sink closed before acknowledging")
+                got += data
+                whole = len(got) // 8 * 8
+                for (value,) in struct.iter_unpack("<q", got[:whole]):
+                    if value < 0:
+                        raise RuntimeError("checked TCP sink found a corrupt slice")
+                    count -= 1
+                got = got[whole:]
+        except BaseException as exc:  # re-raised by the caller
+            failures.append(exc)
 
     start = time.perf_counter()
     cpu = cpu_self()
@@ -267,19 +314,40 @@ def tcp_baseline(total: int, connections: int, data: bytes) -> tuple[float, dict
     sender_cpu = cpu_self() - cpu
     receiver_cpu = float(sink.stdout.readline())
     sink.wait(timeout=60)
+    if failures:
+        raise failures[0]
     rate = total / (time.perf_counter() - start) / 1e6
     return rate, {"sender": sender_cpu, "receiver": receiver_cpu}
 
 
+SLICE = 4 * MIB
+CHECKED_PREFIX = struct.Struct("<QQ")  # slice length, xxh3-64
 SINK = """
-import socket, sys, threading, time
-n = int(sys.argv[1])
+import socket, struct, sys, threading, time, xxhash
+n, checked = int(sys.argv[1]), sys.argv[2] == "checked"
 srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(n)
 print(srv.getsockname()[1], flush=True)
+def fill(c, view):
+    got = 0
+    while got < len(view):
+        k = c.recv_into(view[got:])
+        if not k:
+            return got
+        got += k
+    return got
 def drain(c):
     buf = bytearray(4 << 20)
-    while c.recv_into(buf):
-        pass
+    if not checked:
+        while c.recv_into(buf):
+            pass
+        return
+    prefix, view, seq = bytearray(16), memoryview(buf), 0
+    while fill(c, memoryview(prefix)) == 16:
+        length, digest = struct.unpack("<QQ", prefix)
+        fill(c, view[:length])
+        ok = xxhash.xxh3_64_intdigest(view[:length]) == digest
+        c.sendall(struct.pack("<q", seq if ok else -1))
+        seq += 1
 threads = []
 cpu = None
 for _ in range(n):
@@ -377,11 +445,11 @@ def grpcio_baseline(total: int, connections: int) -> tuple[float, dict[str, floa
 
 
 def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
-    """1 GiB over loopback by plain TCP, bare grpcio and the KV link (gRPC and bulk data
-    paths), in ``rounds``
-    interleaved rounds. On a shared machine one method's single run may land in another
-    tenant's burst, so each method's best round is compared (the medians are reported too:
-    they show the spread); every round of every method moves the same bytes."""
+    """1 GiB over loopback by plain TCP, checked TCP, bare grpcio and the KV link (gRPC and
+    bulk data paths), in ``rounds`` interleaved rounds. On a shared machine one method's
+    single run may land in another tenant's burst, so each method's best round is compared
+    (the medians are reported too: they show the spread); every round of every method moves
+    the same bytes."""
     total = (256 if quick else 1024) * MIB
     server = subprocess.Popen(
         kv_cmd("serve", "--bind", "127.0.0.1:0", "--insecure", "--bulk"),
@@ -400,7 +468,7 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
                 window=max(8, 2 * connections),
                 timeout_ms=600_000,
             )
-            methods = ("tcp", "grpcio", "kv", "kv_bulk")
+            methods = ("tcp", "checked_tcp", "grpcio", "kv", "kv_bulk")
             runs: dict[str, list[float]] = {k: [] for k in methods}
             cpu: dict[str, list[dict[str, float]]] = {k: [] for k in methods}
             data = payload("random", total // 16)  # generated outside the measured CPU
@@ -408,6 +476,9 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
                 rate, used = tcp_baseline(total, connections, data)
                 runs["tcp"].append(rate)
                 cpu["tcp"].append(used)
+                rate, used = tcp_baseline(total, connections, data, checked=True)
+                runs["checked_tcp"].append(rate)
+                cpu["checked_tcp"].append(used)
                 for method, path in (("kv", "grpc"), ("kv_bulk", "bulk")):
                     before = (cpu_self(), cpu_of(server.pid))
                     opts = options.replace(data_path=path)
@@ -443,6 +514,11 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
                 "best_ratio": round(max(best["kv"], best["kv_bulk"]) / best["tcp"], 3),
                 "best_data_path": "bulk" if best["kv_bulk"] >= best["kv"] else "grpc",
                 "median_ratio_bulk": round(median["kv_bulk"] / median["tcp"], 3),
+                # What a checksummed link can reach here at all (see tcp_baseline), and the
+                # bulk path against that ceiling: how much of the gap the link's own work is.
+                "checked_tcp_mb_s": round(best["checked_tcp"], 1),
+                "checked_ratio_to_tcp": round(best["checked_tcp"] / best["tcp"], 3),
+                "ratio_bulk_to_checked": round(best["kv_bulk"] / best["checked_tcp"], 3),
                 "grpcio_ratio_to_tcp": round(best["grpcio"] / best["tcp"], 3),
                 "ratio_to_grpcio": round(best["kv"] / best["grpcio"], 3),
                 "median_ratio": round(median["kv"] / median["tcp"], 3),

@@ -1,0 +1,57 @@
+"""The loopback benchmark's reference methods (bench/kv.py): plain TCP and checked TCP.
+
+Their figures are what the KV link's goodput is judged against, so they must move every
+byte they claim to and, for checked TCP, verify it: a reference that skipped its checksum
+would make the link look slower than it is.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import subprocess
+import sys
+
+import pytest
+import xxhash
+
+from bench.kv import CHECKED_PREFIX, MIB, SINK, tcp_baseline
+
+
+@pytest.mark.parametrize("checked", [False, True], ids=["plain", "checked"])
+@pytest.mark.parametrize("connections", [1, 3])
+def test_a_baseline_moves_the_bytes_and_reports_both_sides_cpu(
+    checked: bool, connections: int
+) -> None:
+    data = os.urandom(8 * MIB)
+    rate, cpu = tcp_baseline(24 * MIB, connections, data, checked=checked)
+    assert rate > 0
+    assert cpu["sender"] > 0
+    assert cpu["receiver"] > 0
+
+
+def test_the_checked_sink_verifies_every_slice_and_says_which_failed() -> None:
+    sink = subprocess.Popen(
+        [sys.executable, "-c", SINK, "1", "checked"], stdout=subprocess.PIPE, text=True
+    )
+    assert sink.stdout is not None
+    try:
+        port = int(sink.stdout.readline())
+        good = os.urandom(300_001)  # odd length: the sink reads exactly what the prefix says
+        bad = bytearray(good)
+        bad[12_345] ^= 0x01
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+            for block in (good, bytes(bad), good):
+                sock.sendall(CHECKED_PREFIX.pack(len(block), xxhash.xxh3_64_intdigest(good)))
+                sock.sendall(block)
+            answers = b""
+            while len(answers) < 24:
+                chunk = sock.recv(24 - len(answers))
+                assert chunk, "the sink closed before acknowledging every slice"
+                answers += chunk
+        assert [v for (v,) in struct.iter_unpack("<q", answers)] == [0, -1, 2]
+        assert float(sink.stdout.readline()) >= 0  # its CPU seconds, once the sender is gone
+    finally:
+        sink.kill()
+        sink.wait(timeout=10)
