@@ -642,7 +642,47 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
     print(json.dumps(results, indent=2))
+    print("\n".join(summary(results)))
+    print(f"written to {args.out}")
     return 0
+
+
+def summary(results: dict[str, Any]) -> list[str]:
+    """The figures one reads first, as lines after the JSON: each target's ratio and
+    verdict, and for loopback the checked-TCP reference beside it."""
+    lines = []
+    for rate in (200, 1000):
+        for codec in ("none", "auto"):
+            ratio = results.get(f"shaped_{rate}mbit", {}).get(codec, {}).get("ratio_to_shaped_rate")
+            if ratio is not None:
+                lines.append(f"shaped {rate} Mbit/s, {codec}: {ratio:.3f} x the shaped rate")
+    for name, row in results.get("loopback_unshaped", {}).items():
+        path = row["best_data_path"]
+        rate, median = (
+            (row["kv_bulk_mb_s"], row["median_ratio_bulk"])
+            if path == "bulk"
+            else (row["kv_mb_s"], row["median_ratio"])
+        )
+        lines.append(
+            f"loopback, {name.split('_')[0]} connection(s): link ({path} path) "
+            f"{row['best_ratio']:.3f} x plain TCP ({rate:.0f} vs {row['tcp_mb_s']:.0f} MB/s, "
+            f"best rounds; medians {median:.3f}); checked TCP {row['checked_ratio_to_tcp']:.3f}"
+            f" x plain TCP; bulk path {row['ratio_bulk_to_checked']:.3f} x checked TCP"
+        )
+    first = results.get("first_layer_1gbit", {})
+    if "time_to_first_verified_layer_ms" in first:
+        lines.append(
+            f"first verified layer of 64 MiB at 1 Gbit/s: {first['time_to_first_verified_layer_ms']}"
+            f" ms (last byte {first['time_to_last_byte_ms']} ms)"
+        )
+    memory = results.get("concurrent_8x64mib", {})
+    if "receiver_peak_held_mib" in memory:
+        lines.append(
+            f"8 concurrent 64 MiB transfers: receiver peak {memory['receiver_peak_held_mib']} MiB"
+        )
+    for check, ok in results.get("verdicts", {}).items():
+        lines.append(f"{check}: {'ok' if ok else 'MISSED'}")
+    return lines
 
 
 if __name__ == "__main__":

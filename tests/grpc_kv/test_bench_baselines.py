@@ -16,7 +16,7 @@ import sys
 import pytest
 import xxhash
 
-from bench.kv import CHECKED_PREFIX, MIB, SINK, tcp_baseline
+from bench.kv import CHECKED_PREFIX, MIB, SINK, summary, tcp_baseline, verdicts
 
 
 @pytest.mark.parametrize("checked", [False, True], ids=["plain", "checked"])
@@ -55,3 +55,32 @@ def test_the_checked_sink_verifies_every_slice_and_says_which_failed() -> None:
     finally:
         sink.kill()
         sink.wait(timeout=10)
+
+
+def test_the_summary_names_each_ratio_and_every_missed_target() -> None:
+    row = {
+        "best_data_path": "bulk",
+        "best_ratio": 0.7,
+        "ratio": 0.3,
+        "kv_bulk_mb_s": 2800.0,
+        "kv_mb_s": 1200.0,
+        "tcp_mb_s": 4000.0,
+        "median_ratio_bulk": 0.75,
+        "median_ratio": 0.3,
+        "checked_ratio_to_tcp": 0.72,
+        "ratio_bulk_to_checked": 0.97,
+    }
+    results = {
+        "shaped_200mbit": {"none": {"ratio_to_shaped_rate": 0.95}},
+        "loopback_unshaped": {"4_connections": row},
+    }
+    results["verdicts"] = verdicts(results)
+    lines = summary(results)
+    assert "shaped 200 Mbit/s, none: 0.950 x the shaped rate" in lines
+    assert any(
+        line.startswith("loopback, 4 connection(s): link (bulk path) 0.700 x plain TCP (2800 vs")
+        and "checked TCP 0.720 x plain TCP; bulk path 0.970 x checked TCP" in line
+        for line in lines
+    )
+    assert "goodput_200mbit_none >= 0.93: ok" in lines
+    assert "loopback_4_connections >= 0.8 x tcp: MISSED" in lines
