@@ -34,6 +34,7 @@ import socket
 import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -53,6 +54,8 @@ from grpc_kv.api import (
     TLSConfig,
     TransferHeader,
     consume,
+    create_ca,
+    create_node_cert,
     open_transfer,
 )
 
@@ -81,6 +84,7 @@ async def send(
     discard: bool,
     transfer_id: str | None = None,
     data: bytes | None = None,
+    tls: TLSConfig = INSECURE,
 ) -> dict[str, Any]:
     per_layer = total // layers
     if data is None:
@@ -92,7 +96,7 @@ async def send(
         attrs={"pdbridge.loopback": "discard"} if discard else {},
     )
     opened = time.time()
-    async with open_transfer(target, header, options, INSECURE) as tx:
+    async with open_transfer(target, header, options, tls) as tx:
         for i in range(layers):
             await tx.send_layer(f"layer{i}", data)
         summary = await tx.finish()
@@ -480,20 +484,9 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
                 runs["checked_tcp"].append(rate)
                 cpu["checked_tcp"].append(used)
                 for method, path in (("kv", "grpc"), ("kv_bulk", "bulk")):
-                    before = (cpu_self(), cpu_of(server.pid))
-                    opts = options.replace(data_path=path)
-                    sent = asyncio.run(send(target, total, 16, opts, "random", True, data=data))
-                    if sent["data_path"] != path:
-                        raise RuntimeError(
-                            f"loopback: asked for {path}, sent over {sent['data_path']}"
-                        )
-                    cpu[method].append(
-                        {
-                            "sender": cpu_self() - before[0],
-                            "receiver": cpu_of(server.pid) - before[1],
-                        }
-                    )
-                    runs[method].append(sent["bytes_raw"] / sent["seconds"] / 1e6)
+                    rate, used = measured_send(target, server.pid, total, options, path, data)
+                    runs[method].append(rate)
+                    cpu[method].append(used)
                 rate, used = grpcio_baseline(total, connections)
                 runs["grpcio"].append(rate)
                 cpu["grpcio"].append(used)
@@ -538,6 +531,90 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
         server.terminate()
         server.wait(timeout=20)
     results["loopback_unshaped"] = rows
+
+
+def measured_send(
+    target: str,
+    server_pid: int,
+    total: int,
+    options: LinkOptions,
+    path: str,
+    data: bytes,
+    tls: TLSConfig = INSECURE,
+) -> tuple[float, dict[str, float]]:
+    """One KV-link transfer of ``total`` bytes over data path ``path`` to the receiver
+    process ``server_pid``: MB/s and the CPU seconds each side spent on it."""
+    before = (cpu_self(), cpu_of(server_pid))
+    opts = options.replace(data_path=path)
+    sent = asyncio.run(send(target, total, 16, opts, "random", True, data=data, tls=tls))
+    if sent["data_path"] != path:
+        raise RuntimeError(f"loopback: asked for {path}, sent over {sent['data_path']}")
+    used = {"sender": cpu_self() - before[0], "receiver": cpu_of(server_pid) - before[1]}
+    return sent["bytes_raw"] / sent["seconds"] / 1e6, used
+
+
+def loopback_mtls(results: dict[str, Any], quick: bool, rounds: int = 3) -> None:
+    """The KV link over loopback under mutual TLS, as production runs it (certificates made
+    for the run by ``pdbridge kv certs``' code): goodput and CPU seconds per GB of each data
+    path with 1 and 4 connections, beside plain TCP in the same rounds. No target: what an
+    operator plans a sidecar's cores by (encryption and decryption cost more than the
+    copies)."""
+    total = (256 if quick else 1024) * MIB
+    rows = {}
+    with tempfile.TemporaryDirectory(prefix="pdbridge-bench-certs-") as tmp:
+        directory = Path(tmp)
+        ca = create_ca(directory)
+        for node in ("receiver", "sender"):
+            create_node_cert(ca, directory, node)
+        tls = TLSConfig.from_dir(directory, "sender", server_name="receiver")
+        server = subprocess.Popen(
+            kv_cmd(
+                "serve", "--bind", "127.0.0.1:0", "--bulk", "--certs", tmp, "--name", "receiver"
+            ),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert server.stdout is not None
+        target = f"127.0.0.1:{json.loads(server.stdout.readline())['port']}"
+        try:
+            data = payload("random", total // 16)
+            for connections in (1, 4):
+                options = LinkOptions(
+                    chunk_size_bytes=4 * MIB,
+                    compression="none",
+                    connections=connections,
+                    window=max(8, 2 * connections),
+                    timeout_ms=600_000,
+                )
+                methods = ("tcp", "kv", "kv_bulk")
+                runs: dict[str, list[float]] = {k: [] for k in methods}
+                cpu: dict[str, list[dict[str, float]]] = {k: [] for k in methods}
+                for _ in range(rounds):
+                    rate, used = tcp_baseline(total, connections, data)
+                    runs["tcp"].append(rate)
+                    cpu["tcp"].append(used)
+                    for method, path in (("kv", "grpc"), ("kv_bulk", "bulk")):
+                        rate, used = measured_send(
+                            target, server.pid, total, options, path, data, tls
+                        )
+                        runs[method].append(rate)
+                        cpu[method].append(used)
+                best = {k: max(v) for k, v in runs.items()}
+                rows[f"{connections}_connections"] = {
+                    "bytes": total,
+                    "rounds": rounds,
+                    "tcp_mb_s": round(best["tcp"], 1),
+                    "kv_mb_s": round(best["kv"], 1),
+                    "kv_bulk_mb_s": round(best["kv_bulk"], 1),
+                    "ratio": round(best["kv"] / best["tcp"], 3),
+                    "ratio_bulk": round(best["kv_bulk"] / best["tcp"], 3),
+                    "runs_mb_s": {k: [round(x) for x in v] for k, v in runs.items()},
+                    "cpu_s_per_gb": {k: cpu_per_gb(v, total) for k, v in cpu.items()},
+                }
+        finally:
+            server.terminate()
+            server.wait(timeout=20)
+    results["loopback_mtls"] = rows
 
 
 def cpu_per_gb(samples: list[dict[str, float]], total: int) -> dict[str, float]:
@@ -621,7 +698,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.kv")
     parser.add_argument("--quick", action="store_true", help="smaller transfers")
     parser.add_argument("--out", type=Path, default=Path("var/bench/kv.json"))
-    parser.add_argument("--skip", action="append", default=[], help="shaped|loopback|memory")
+    parser.add_argument("--skip", action="append", default=[], help="shaped|loopback|mtls|memory")
     parser.add_argument("--rounds", type=int, default=5, help="loopback rounds per method")
     args = parser.parse_args(argv)
     results: dict[str, Any] = {
@@ -636,6 +713,8 @@ def main(argv: list[str] | None = None) -> int:
             results["shaped"] = "skipped: needs root for network namespaces"
     if "loopback" not in args.skip:
         loopback(results, args.quick, args.rounds)
+    if "mtls" not in args.skip:
+        loopback_mtls(results, args.quick)
     if "memory" not in args.skip:
         concurrent_memory(results)
     results["verdicts"] = verdicts(results)
@@ -668,6 +747,14 @@ def summary(results: dict[str, Any]) -> list[str]:
             f"{row['best_ratio']:.3f} x plain TCP ({rate:.0f} vs {row['tcp_mb_s']:.0f} MB/s, "
             f"best rounds; medians {median:.3f}); checked TCP {row['checked_ratio_to_tcp']:.3f}"
             f" x plain TCP; bulk path {row['ratio_bulk_to_checked']:.3f} x checked TCP"
+        )
+    for name, row in results.get("loopback_mtls", {}).items():
+        cpu = row["cpu_s_per_gb"]
+        lines.append(
+            f"loopback under mTLS, {name.split('_')[0]} connection(s): gRPC path "
+            f"{row['kv_mb_s']:.0f} MB/s ({cpu['kv']['total']:.2f} CPU s/GB), bulk path "
+            f"{row['kv_bulk_mb_s']:.0f} MB/s ({cpu['kv_bulk']['total']:.2f}); plain TCP "
+            f"{row['tcp_mb_s']:.0f} MB/s ({cpu['tcp']['total']:.2f})"
         )
     first = results.get("first_layer_1gbit", {})
     if "time_to_first_verified_layer_ms" in first:
