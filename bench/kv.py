@@ -459,44 +459,22 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
     (the medians are reported too: they show the spread); every round of every method moves
     the same bytes."""
     total = (256 if quick else 1024) * MIB
-    server = subprocess.Popen(
-        kv_cmd("serve", "--bind", "127.0.0.1:0", "--insecure", "--bulk"),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert server.stdout is not None
-    target = f"127.0.0.1:{json.loads(server.stdout.readline())['port']}"
+    server, target = start_receiver("--insecure")
     rows = {}
     try:
         for connections in (1, 4):
-            options = LinkOptions(
-                chunk_size_bytes=4 * MIB,
-                compression="none",
-                connections=connections,
-                window=max(8, 2 * connections),
-                timeout_ms=600_000,
-            )
-            methods = ("tcp", "checked_tcp", "grpcio", "kv", "kv_bulk")
-            runs: dict[str, list[float]] = {k: [] for k in methods}
-            cpu: dict[str, list[dict[str, float]]] = {k: [] for k in methods}
+            options = loopback_options(connections)
+            measured = Rounds("tcp", "checked_tcp", "grpcio", "kv", "kv_bulk")
             data = payload("random", total // 16)  # generated outside the measured CPU
             for _ in range(rounds):
-                rate, used = tcp_baseline(total, connections, data)
-                runs["tcp"].append(rate)
-                cpu["tcp"].append(used)
-                rate, used = tcp_baseline(total, connections, data, checked=True)
-                runs["checked_tcp"].append(rate)
-                cpu["checked_tcp"].append(used)
+                measured.add("tcp", tcp_baseline(total, connections, data))
+                measured.add("checked_tcp", tcp_baseline(total, connections, data, checked=True))
                 for method, path in (("kv", "grpc"), ("kv_bulk", "bulk")):
-                    rate, used = measured_send(target, server.pid, total, options, path, data)
-                    runs[method].append(rate)
-                    cpu[method].append(used)
-                rate, used = grpcio_baseline(total, connections)
-                runs["grpcio"].append(rate)
-                cpu["grpcio"].append(used)
-            best = {k: max(v) for k, v in runs.items()}
-            median = {k: sorted(v)[len(v) // 2] for k, v in runs.items()}
-            per_gb = {k: cpu_per_gb(v, total) for k, v in cpu.items()}
+                    measured.add(
+                        method, measured_send(target, server.pid, total, options, path, data)
+                    )
+                measured.add("grpcio", grpcio_baseline(total, connections))
+            best, median, per_gb = measured.best(), measured.median(), measured.per_gb(total)
             rows[f"{connections}_connections"] = {
                 "bytes": total,
                 "rounds": rounds,
@@ -519,7 +497,7 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
                 "grpcio_ratio_to_tcp": round(best["grpcio"] / best["tcp"], 3),
                 "ratio_to_grpcio": round(best["kv"] / best["grpcio"], 3),
                 "median_ratio": round(median["kv"] / median["tcp"], 3),
-                "runs_mb_s": {k: [round(x) for x in v] for k, v in runs.items()},
+                "runs_mb_s": measured.rounded(),
                 # Median CPU seconds per GB moved, each side; with both ends on the same
                 # saturated cores, goodput ratios tend to the inverse ratio of the totals.
                 "cpu_s_per_gb": per_gb,
@@ -535,6 +513,55 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
         server.terminate()
         server.wait(timeout=20)
     results["loopback_unshaped"] = rows
+
+
+def start_receiver(*security: str) -> tuple[subprocess.Popen[str], str]:
+    """A ``kv serve --bulk`` child process on an ephemeral loopback port (``security``:
+    ``--insecure`` or its certificate options), and its ``host:port``."""
+    server = subprocess.Popen(
+        kv_cmd("serve", "--bind", "127.0.0.1:0", "--bulk", *security),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdout is not None
+    return server, f"127.0.0.1:{json.loads(server.stdout.readline())['port']}"
+
+
+def loopback_options(connections: int) -> LinkOptions:
+    """The link's options in the loopback comparisons: 4 MiB chunks like the baselines'
+    slices, no compression (random bytes), a window of two chunks per connection."""
+    return LinkOptions(
+        chunk_size_bytes=4 * MIB,
+        compression="none",
+        connections=connections,
+        window=max(8, 2 * connections),
+        timeout_ms=600_000,
+    )
+
+
+class Rounds:
+    """Each method's goodput (MB/s) and CPU seconds per side, one entry per round."""
+
+    def __init__(self, *methods: str) -> None:
+        self.runs: dict[str, list[float]] = {k: [] for k in methods}
+        self.cpu: dict[str, list[dict[str, float]]] = {k: [] for k in methods}
+
+    def add(self, method: str, measurement: tuple[float, dict[str, float]]) -> None:
+        rate, used = measurement
+        self.runs[method].append(rate)
+        self.cpu[method].append(used)
+
+    def best(self) -> dict[str, float]:
+        return {k: max(v) for k, v in self.runs.items()}
+
+    def median(self) -> dict[str, float]:
+        return {k: sorted(v)[len(v) // 2] for k, v in self.runs.items()}
+
+    def rounded(self) -> dict[str, list[int]]:
+        return {k: [round(x) for x in v] for k, v in self.runs.items()}
+
+    def per_gb(self, total: int) -> dict[str, dict[str, float]]:
+        return {k: cpu_per_gb(v, total) for k, v in self.cpu.items()}
 
 
 def measured_send(
@@ -571,49 +598,28 @@ def loopback_mtls(results: dict[str, Any], quick: bool, rounds: int = 3) -> None
         for node in ("receiver", "sender"):
             create_node_cert(ca, directory, node)
         tls = TLSConfig.from_dir(directory, "sender", server_name="receiver")
-        server = subprocess.Popen(
-            kv_cmd(
-                "serve", "--bind", "127.0.0.1:0", "--bulk", "--certs", tmp, "--name", "receiver"
-            ),
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert server.stdout is not None
-        target = f"127.0.0.1:{json.loads(server.stdout.readline())['port']}"
+        server, target = start_receiver("--certs", tmp, "--name", "receiver")
         try:
             data = payload("random", total // 16)
             for connections in (1, 4):
-                options = LinkOptions(
-                    chunk_size_bytes=4 * MIB,
-                    compression="none",
-                    connections=connections,
-                    window=max(8, 2 * connections),
-                    timeout_ms=600_000,
-                )
-                methods = ("tcp", "kv", "kv_bulk")
-                runs: dict[str, list[float]] = {k: [] for k in methods}
-                cpu: dict[str, list[dict[str, float]]] = {k: [] for k in methods}
+                options = loopback_options(connections)
+                measured = Rounds("tcp", "kv", "kv_bulk")
                 for _ in range(rounds):
-                    rate, used = tcp_baseline(total, connections, data)
-                    runs["tcp"].append(rate)
-                    cpu["tcp"].append(used)
+                    measured.add("tcp", tcp_baseline(total, connections, data))
                     for method, path in (("kv", "grpc"), ("kv_bulk", "bulk")):
-                        rate, used = measured_send(
-                            target, server.pid, total, options, path, data, tls
+                        measured.add(
+                            method,
+                            measured_send(target, server.pid, total, options, path, data, tls),
                         )
-                        runs[method].append(rate)
-                        cpu[method].append(used)
-                best = {k: max(v) for k, v in runs.items()}
+                best = measured.best()
                 rows[f"{connections}_connections"] = {
                     "bytes": total,
                     "rounds": rounds,
-                    "tcp_mb_s": round(best["tcp"], 1),
-                    "kv_mb_s": round(best["kv"], 1),
-                    "kv_bulk_mb_s": round(best["kv_bulk"], 1),
+                    **{f"{k}_mb_s": round(v, 1) for k, v in best.items()},
                     "ratio": round(best["kv"] / best["tcp"], 3),
                     "ratio_bulk": round(best["kv_bulk"] / best["tcp"], 3),
-                    "runs_mb_s": {k: [round(x) for x in v] for k, v in runs.items()},
-                    "cpu_s_per_gb": {k: cpu_per_gb(v, total) for k, v in cpu.items()},
+                    "runs_mb_s": measured.rounded(),
+                    "cpu_s_per_gb": measured.per_gb(total),
                 }
         finally:
             server.terminate()
