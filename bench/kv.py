@@ -63,6 +63,10 @@ from grpc_kv.api import (
 )
 
 FP = Fingerprint("bench" * 8, "bench")
+#: The one event loop this process's transfers run on (``RUNNER.run(coro)``). With a new loop
+#: per transfer (``asyncio.run``), grpc.aio's completion-queue poller now and then posted to
+#: a loop that had just closed and printed "Event loop is closed" (grpc/grpc#25364).
+RUNNER = asyncio.Runner()
 INSECURE = TLSConfig(insecure=True)
 MIB = 1 << 20
 
@@ -219,7 +223,7 @@ def first_layer(net: Any, target: str, socket_path: Path) -> dict[str, Any]:
         )  # fmt: skip
         return await task, proc
 
-    got, proc = asyncio.run(run())
+    got, proc = RUNNER.run(run())
     if proc.returncode != 0:
         return {"error": proc.stderr[-2000:]}
     sent = json.loads(proc.stdout)
@@ -444,7 +448,7 @@ def grpcio_baseline(total: int, connections: int) -> tuple[float, dict[str, floa
 
     tune_allocator()  # this process: the KV sender's tuning, whichever runs first
     try:
-        rate, sender_cpu = asyncio.run(run())
+        rate, sender_cpu = RUNNER.run(run())
     finally:
         sink.stdin.close()
     receiver_cpu = float(sink.stdout.readline())
@@ -577,7 +581,7 @@ def measured_send(
     process ``server_pid``: MB/s and the CPU seconds each side spent on it."""
     before = (cpu_self(), cpu_of(server_pid))
     opts = options.replace(data_path=path)
-    sent = asyncio.run(send(target, total, 16, opts, "random", True, data=data, tls=tls))
+    sent = RUNNER.run(send(target, total, 16, opts, "random", True, data=data, tls=tls))
     if sent["data_path"] != path:
         raise RuntimeError(f"loopback: asked for {path}, sent over {sent['data_path']}")
     used = {"sender": cpu_self() - before[0], "receiver": cpu_of(server_pid) - before[1]}
@@ -683,7 +687,7 @@ def concurrent_memory(results: dict[str, Any]) -> None:
             "seconds": round(seconds, 2),
         }
 
-    results["concurrent_8x64mib"] = asyncio.run(scenario())
+    results["concurrent_8x64mib"] = RUNNER.run(scenario())
 
 
 def verdicts(results: dict[str, Any]) -> dict[str, Any]:
@@ -716,17 +720,18 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    if "shaped" not in args.skip:
-        if os.geteuid() == 0:
-            shaped(results, args.quick)
-        else:
-            results["shaped"] = "skipped: needs root for network namespaces"
-    if "loopback" not in args.skip:
-        loopback(results, args.quick, args.rounds)
-    if "mtls" not in args.skip:
-        loopback_mtls(results, args.quick)
-    if "memory" not in args.skip:
-        concurrent_memory(results)
+    with RUNNER:
+        if "shaped" not in args.skip:
+            if os.geteuid() == 0:
+                shaped(results, args.quick)
+            else:
+                results["shaped"] = "skipped: needs root for network namespaces"
+        if "loopback" not in args.skip:
+            loopback(results, args.quick, args.rounds)
+        if "mtls" not in args.skip:
+            loopback_mtls(results, args.quick)
+        if "memory" not in args.skip:
+            concurrent_memory(results)
     results["verdicts"] = verdicts(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2))
