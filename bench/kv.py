@@ -533,7 +533,7 @@ def start_receiver(*security: str) -> tuple[subprocess.Popen[str], str]:
 
 def loopback_options(connections: int) -> LinkOptions:
     """The link's options in the loopback comparisons: 4 MiB chunks like the baselines'
-    slices, no compression (random bytes), a window of two chunks per connection."""
+    slices, no compression (random bytes), 8 chunks in flight (2 per connection above 4)."""
     return LinkOptions(
         chunk_size_bytes=4 * MIB,
         compression="none",
