@@ -61,6 +61,7 @@ from grpc_kv.api import (
     create_node_cert,
     open_transfer,
 )
+from grpc_kv.bulk import unsent
 
 FP = Fingerprint("bench" * 8, "bench")
 #: The one event loop this process's transfers run on (``RUNNER.run(coro)``). With a new loop
@@ -288,12 +289,12 @@ def tcp_baseline(
                 reader.start()
             for block in slices:
                 if checked:
-                    prefix = CHECKED_PREFIX.pack(len(block), xxhash.xxh3_64_intdigest(block))
-                    sent = sock.sendmsg([prefix, block])
-                    if sent < len(prefix):
-                        sock.sendall(prefix[sent:])
-                        sent = len(prefix)
-                    sock.sendall(block[sent - len(prefix) :])
+                    parts = [
+                        CHECKED_PREFIX.pack(len(block), xxhash.xxh3_64_intdigest(block)),
+                        block,
+                    ]
+                    for rest in unsent(parts, sock.sendmsg(parts)):
+                        sock.sendall(rest)
                 else:
                     sock.sendall(block)
             if reader is not None:

@@ -222,7 +222,7 @@ class BulkStream:
             sent = self._sock.sendmsg(parts)
         except (BlockingIOError, InterruptedError):
             sent = 0
-        for view in _unsent(parts, sent):
+        for view in unsent(parts, sent):
             await self._until_dead(self._loop.sock_sendall(self._sock, view))
 
     def _writer_main(self) -> None:
@@ -260,7 +260,7 @@ class BulkStream:
             if callable(parts):
                 parts = parts()
             sent = wsock.sendmsg(parts)  # one syscall for head and payload, mostly
-            for view in _unsent(parts, sent):
+            for view in unsent(parts, sent):
                 wsock.sendall(view)
         finally:
             with self._wlock:
@@ -350,7 +350,7 @@ class BulkStream:
             self._writer.transport.abort()
 
 
-def _unsent(parts: list[Any], sent: int) -> list[Any]:
+def unsent(parts: list[Any], sent: int) -> list[Any]:
     """What of ``parts`` (buffers written in order) remains after ``sent`` bytes."""
     rest = []
     for part in parts:
