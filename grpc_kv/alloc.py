@@ -8,6 +8,9 @@ Raising the mmap and trim thresholds makes malloc reuse freed heap memory instea
 price is that a process keeps up to ``TRIM_BYTES`` of freed memory rather than returning
 it to the kernel at once.
 
+:func:`owned_buffer` gives the receiver a fresh, uninitialised buffer for a payload that a
+consumer will keep.
+
 Called by :class:`grpc_kv.link.Link` and :class:`grpc_kv.receiver.ReceiverServer`;
 process-wide, idempotent, non-blocking. A no-op off glibc or when the environment sets
 ``PDBRIDGE_KV_MALLOC_TUNING=0`` (for an embedding process that tunes malloc itself).
@@ -18,6 +21,8 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+
+import numpy as np
 
 log = logging.getLogger("grpc_kv.alloc")
 
@@ -50,3 +55,12 @@ def tune_allocator() -> bool:
     )
     log.debug("allocator_tuned applied=%s", _applied)
     return _applied
+
+
+def owned_buffer(nbytes: int) -> memoryview:
+    """A new writable buffer of ``nbytes`` whose contents are undefined until written: for
+    a payload received straight into the buffer a consumer keeps. numpy's allocation is
+    neither zeroed nor page-faulted 4 KiB at a time (it advises huge pages for large
+    arrays); a ``bytearray`` of the same size, zeroed, cost the receiver more than the copy
+    it saved (docs/kv-link.md, "Kept chunks")."""
+    return np.empty(nbytes, dtype=np.uint8).data

@@ -18,9 +18,9 @@ it stands for, after which the receiver closes the connection; other connections
 transfers are unaffected.
 
 Costs: the sender writes the head and a memoryview of the producer's ``bytes`` with
-``sendmsg`` (no Python-level copy); the receiver reads each payload with ``recv_into`` a
-per-connection buffer (one kernel->user copy; the store copies it once more only when it
-keeps the bytes for a consumer, as on the gRPC path).
+``sendmsg`` (no Python-level copy); the receiver reads each payload with ``recv_into``
+(one kernel->user copy, the only one): an uncompressed chunk for a consumer straight into a
+buffer of its own that the store keeps, anything else into a reused per-connection buffer.
 
 This module: the wire format and the sender's :class:`BulkStream` (used by
 :mod:`grpc_kv.sender` in place of a Push call). Receiver side: :mod:`grpc_kv.bulk_server`.

@@ -21,6 +21,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from grpc_kv.alloc import owned_buffer
 from grpc_kv.bulk import (
     ACK_PREFIX,
     HANDSHAKE_TIMEOUT_S,
@@ -28,7 +29,7 @@ from grpc_kv.bulk import (
     MAX_HEAD,
     PREFIX,
 )
-from grpc_kv.codec import PB_TO_CODEC, CorruptChunk, max_payload
+from grpc_kv.codec import PB_TO_CODEC, Codec, CorruptChunk, max_payload
 from grpc_kv.metrics import LinkMetrics
 from grpc_kv.options import ReceiverOptions
 from grpc_kv.protocol import PROTOCOL_VERSION, pb
@@ -126,7 +127,9 @@ class _BulkConnection(asyncio.BufferedProtocol):
         self.transport: asyncio.BaseTransport | None = None
         self.peer = "?"
         self.small = bytearray(max(MAX_HEAD, len(MAGIC), PREFIX.size))
-        self.payload = bytearray()
+        self.payload: bytearray | memoryview = bytearray()
+        #: The current payload is received into a buffer of its own that the store keeps.
+        self.lend = False
         self.state = "magic"
         self.need = len(MAGIC)
         self.got = 0
@@ -365,8 +368,15 @@ class _BulkConnection(asyncio.BufferedProtocol):
                 f"chunk {chunk.seq}: payload of {self.payload_len} bytes exceeds the bound for "
                 f"raw_length {chunk.raw_length}"
             )
-        if len(self.payload) < self.payload_len:
-            self.payload = bytearray(self.payload_len)  # grows to the largest chunk, once
+        # An uncompressed chunk that a consumer will read is received straight into a buffer
+        # of its own, which the store keeps as it is: the kernel's copy is the only one.
+        # Otherwise (compressed, or a loopback test that discards) into the connection's
+        # reused buffer, which grows to the largest chunk once.
+        self.lend = codec is Codec.NONE and not transfer.discard
+        if self.lend:
+            self.payload = owned_buffer(self.payload_len)
+        elif len(self.payload) < self.payload_len:
+            self.payload = bytearray(self.payload_len)
         self.chunk = chunk
         self.state, self.got = "payload", 0
 
@@ -402,7 +412,10 @@ class _BulkConnection(asyncio.BufferedProtocol):
 
     def _decode(self, chunk: Any, payload: memoryview, raw: Any) -> None:
         transfer = self.store.lookup(self.transfer_id)
-        self.store.accept(transfer, chunk, raw, len(payload))  # copies only what it keeps
+        # Copies what it keeps, unless this connection lends it the buffer.
+        self.store.accept(transfer, chunk, raw, len(payload), owned=self.lend)
+        if self.lend:
+            self.payload = bytearray()  # the store's now: never received into again
         self._ack(chunk.seq, pb.ACK_OK, transfer.contiguous)
 
     async def _decode_async(self, chunk: Any, payload: memoryview) -> None:

@@ -207,7 +207,7 @@ class _Servicer:
                         layer=segment.layer,
                         offset=segment.offset,
                         layer_final=segment.final,
-                        data=segment.data,
+                        data=bytes(segment.data),  # protobuf takes bytes only; no-op for bytes
                     ).SerializeToString()
         except TransferFailed as exc:
             code = grpc.StatusCode.FAILED_PRECONDITION

@@ -61,11 +61,14 @@ class BeginRefused(Exception):
 
 @dataclass
 class Segment:
-    """Verified bytes of one layer at ``offset``; ``final`` marks the layer's last bytes."""
+    """Verified bytes of one layer at ``offset``; ``final`` marks the layer's last bytes.
+    ``data`` is bytes-like: ``bytes``, or a ``memoryview`` of a buffer that belongs to this
+    segment alone (a chunk received on the bulk data path, never copied after the kernel
+    wrote it). ``bytes(segment.data)`` where ``bytes`` itself is needed."""
 
     layer: str
     offset: int
-    data: bytes
+    data: bytes | memoryview
     final: bool
 
 
@@ -339,10 +342,16 @@ class TransferStore:
         return None
 
     def accept(
-        self, transfer: _Transfer, chunk: Any, data: bytes | memoryview, wire_bytes: int
+        self,
+        transfer: _Transfer,
+        chunk: Any,
+        data: bytes | memoryview,
+        wire_bytes: int,
+        owned: bool = False,
     ) -> None:
-        """Record a verified chunk (its checksum already passed); ``data`` is copied only
-        when it is kept for a consumer."""
+        """Record a verified chunk (its checksum already passed). For a consumer, ``data``
+        is kept as it is when it is ``bytes`` or ``owned`` (a buffer nobody else writes),
+        otherwise as a copy; a transfer that discards keeps nothing."""
         if chunk.seq in transfer.checksums or transfer.failed:
             return
         transfer.checksums[chunk.seq] = chunk.checksum
@@ -354,7 +363,7 @@ class TransferStore:
         if transfer.checksum_kind is Checksum.NONE:
             self.metrics.unverified.labels(ROLE).inc()
         if not transfer.discard:
-            kept = data if isinstance(data, bytes) else bytes(data)
+            kept = data if owned or isinstance(data, bytes) else bytes(data)
             transfer.pending[chunk.seq] = Segment(
                 chunk.layer, chunk.offset, kept, chunk.layer_final
             )

@@ -25,7 +25,7 @@ from grpc_kv.api import (
     open_transfer,
 )
 from grpc_kv.bulk import ACK_PREFIX, MAGIC, PREFIX
-from grpc_kv.codec import Checksum, checksum
+from grpc_kv.codec import Checksum, Codec, checksum, compress
 from grpc_kv.faultproxy import FaultProxy, Flip
 from grpc_kv.protocol import pb
 from tests.grpc_kv.kvtest import INSECURE, RawClient, make_header, receiver, run, tensor_bytes
@@ -391,6 +391,47 @@ def test_corrupt_chunk_on_the_data_port_is_answered_resend_and_never_stored():
 
     assert acks == [(0, pb.ACK_CORRUPT, 0), (0, pb.ACK_OK, 1), (0, pb.ACK_OK, 1)]
     assert held == 1000  # the good copy, once
+
+
+def test_kept_chunks_land_in_buffers_of_their_own_that_the_connection_never_reuses():
+    """An uncompressed chunk that a consumer will read is received straight into a buffer
+    the store keeps (no copy after the kernel's). The connection must never receive into
+    that buffer again, not even a compressed chunk that would fit in it, while the consumer
+    still holds the first segment."""
+
+    async def scenario():
+        async with receiver(BULK_RX) as (server, target):
+            raw = RawClient(target)
+            plain, packed, last = os.urandom(64 * 1024), b"kv" * 16 * 1024, os.urandom(1000)
+            header = make_header({"kv": len(plain) + len(packed) + len(last)})
+            reply = await begin_bulk(raw, header)
+            tid = header.transfer_id
+            reader = await server.open(tid, 20.0)
+
+            def exchange():
+                conn = RawBulk(reply.bulk_port)
+                conn.send(MAGIC)
+                conn.frame(hello(tid))
+                conn.frame(head(tid, 0, "kv", plain), plain)
+                zipped = compress(Codec.ZSTD, packed)
+                second = head(tid, 1, "kv", packed, offset=len(plain), codec=pb.CODEC_ZSTD)
+                conn.frame(second, zipped)
+                end = len(plain) + len(packed)
+                conn.frame(head(tid, 2, "kv", last, offset=end, layer_final=True), last)
+                conn.send(PREFIX.pack(0, 0))
+                return conn.acks()
+
+            acks = await asyncio.to_thread(exchange)
+            async with reader:
+                segments = [await anext(aiter(reader)) for _ in range(3)]  # held, not copied
+            await raw.close()
+            return acks, segments, [plain, packed, last]
+
+    acks, segments, sent = run(scenario())
+
+    assert [(a.seq, a.status) for a in acks] == [(seq, pb.ACK_OK) for seq in range(3)]
+    assert [bytes(s.data) for s in segments] == sent
+    assert isinstance(segments[0].data, memoryview)  # the kernel's copy was the only one
 
 
 def test_a_trickled_payload_is_read_per_megabyte_and_the_frames_after_it_at_once(monkeypatch):
