@@ -14,7 +14,9 @@ side in one run, JSON to ``var/bench/kv.json``.
   how much of the gap to plain TCP the checksums alone cost on this machine. Each method's
   CPU seconds per GB on each side are recorded too: on a machine whose cores the two ends
   (and other tenants) share, goodput is bounded by the inverse of their sum, a figure far
-  less noisy than the throughput of one run.
+  less noisy than the throughput of one run. The bulk path also runs once per round into a
+  receiver whose consumer keeps every chunk ("kept": how an engine that embeds the receiver
+  gets its KV), beside the discarding receiver the target is measured with; no target.
 * The same loopback transfers under mutual TLS (certificates made for the run), beside
   plain TCP: each data path's goodput and CPU seconds per GB, no target (what a sidecar's
   cores are planned by).
@@ -22,7 +24,8 @@ side in one run, JSON to ``var/bench/kv.json``.
   64 MiB transfer on the 1 Gbit/s link; receiver memory peak for 8 concurrent 64 MiB
   transfers (bytes held, sampled, and the process's peak RSS growth).
 
-``python -m bench.kv sender ...`` is the sending side it runs inside a namespace.
+``python -m bench.kv sender ...`` is the sending side it runs inside a namespace;
+``python -m bench.kv receiver`` the receiver with a consumer of the kept rows.
 """
 
 from __future__ import annotations
@@ -149,6 +152,34 @@ def sender_main(argv: list[str]) -> int:
         )
     )
     print(json.dumps(result))
+    return 0
+
+
+def receiver_main() -> int:
+    """``python -m bench.kv receiver``: a plaintext receiver offering the bulk path on an
+    ephemeral loopback port (``{"port": N}`` on stdout, like ``kv serve``) with a consumer in
+    its own process, as an engine that embeds it has: every transfer id read from stdin is
+    opened and read to the end, keeping nothing past each segment, and answered
+    ``{"transfer_id": ..., "bytes": N}``. Ends at the end of stdin."""
+
+    async def serve() -> None:
+        server = ReceiverServer("127.0.0.1:0", ReceiverOptions(bulk=True), INSECURE)
+        print(json.dumps({"port": await server.start()}), flush=True)
+        loop = asyncio.get_running_loop()
+        readers: set[asyncio.Task[None]] = set()
+
+        async def consume(transfer_id: str) -> None:
+            async with await server.open(transfer_id, 600.0) as reader:
+                got = sum([len(segment.data) async for segment in reader])
+            print(json.dumps({"transfer_id": transfer_id, "bytes": got}), flush=True)
+
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            task = asyncio.create_task(consume(line.strip()))
+            readers.add(task)
+            task.add_done_callback(readers.discard)
+        await server.stop(1)
+
+    asyncio.run(serve())
     return 0
 
 
@@ -465,11 +496,12 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
     the same bytes."""
     total = (256 if quick else 1024) * MIB
     server, target = start_receiver("--insecure")
+    keeper, kept_target = start_receiver(consumer=True)
     rows = {}
     try:
         for connections in (1, 4):
             options = loopback_options(connections)
-            measured = Rounds("tcp", "checked_tcp", "grpcio", "kv", "kv_bulk")
+            measured = Rounds("tcp", "checked_tcp", "grpcio", "kv", "kv_bulk", "kv_bulk_kept")
             data = payload("random", total // 16)  # generated outside the measured CPU
             for _ in range(rounds):
                 measured.add("tcp", tcp_baseline(total, connections, data))
@@ -478,6 +510,12 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
                     measured.add(
                         method, measured_send(target, server.pid, total, options, path, data)
                     )
+                measured.add(
+                    "kv_bulk_kept",
+                    measured_send(
+                        kept_target, keeper.pid, total, options, "bulk", data, kept=keeper
+                    ),
+                )
                 measured.add("grpcio", grpcio_baseline(total, connections))
             best, median, per_gb = measured.best(), measured.median(), measured.per_gb(total)
             rows[f"{connections}_connections"] = {
@@ -499,6 +537,11 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
                 "checked_tcp_mb_s": round(best["checked_tcp"], 1),
                 "checked_ratio_to_tcp": round(best["checked_tcp"] / best["tcp"], 3),
                 "ratio_bulk_to_checked": round(best["kv_bulk"] / best["checked_tcp"], 3),
+                # The bulk path into a consumer that keeps every chunk (no target): what an
+                # engine embedding the receiver gets, against the discarding receiver.
+                "kv_bulk_kept_mb_s": round(best["kv_bulk_kept"], 1),
+                "ratio_bulk_kept": round(best["kv_bulk_kept"] / best["tcp"], 3),
+                "kept_ratio_to_discard": round(best["kv_bulk_kept"] / best["kv_bulk"], 3),
                 "grpcio_ratio_to_tcp": round(best["grpcio"] / best["tcp"], 3),
                 "ratio_to_grpcio": round(best["kv"] / best["grpcio"], 3),
                 "median_ratio": round(median["kv"] / median["tcp"], 3),
@@ -516,17 +559,22 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
             }
     finally:
         server.terminate()
-        server.wait(timeout=20)
+        assert keeper.stdin is not None
+        keeper.stdin.close()  # it stops its server and exits
+        for child in (server, keeper):
+            child.wait(timeout=20)
     results["loopback_unshaped"] = rows
 
 
-def start_receiver(*security: str) -> tuple[subprocess.Popen[str], str]:
+def start_receiver(*security: str, consumer: bool = False) -> tuple[subprocess.Popen[str], str]:
     """A ``kv serve --bulk`` child process on an ephemeral loopback port (``security``:
-    ``--insecure`` or its certificate options), and its ``host:port``."""
+    ``--insecure`` or its certificate options), and its ``host:port``; with ``consumer``,
+    plaintext ``bench.kv receiver`` instead (see :func:`receiver_main`)."""
+    command = [sys.executable, "-m", "bench.kv", "receiver"]
+    if not consumer:
+        command = kv_cmd("serve", "--bind", "127.0.0.1:0", "--bulk", *security)
     server = subprocess.Popen(
-        kv_cmd("serve", "--bind", "127.0.0.1:0", "--bulk", *security),
-        stdout=subprocess.PIPE,
-        text=True,
+        command, stdin=subprocess.PIPE if consumer else None, stdout=subprocess.PIPE, text=True
     )
     assert server.stdout is not None
     return server, f"127.0.0.1:{json.loads(server.stdout.readline())['port']}"
@@ -577,14 +625,28 @@ def measured_send(
     path: str,
     data: bytes,
     tls: TLSConfig = INSECURE,
+    kept: subprocess.Popen[str] | None = None,
 ) -> tuple[float, dict[str, float]]:
     """One KV-link transfer of ``total`` bytes over data path ``path`` to the receiver
-    process ``server_pid``: MB/s and the CPU seconds each side spent on it."""
+    process ``server_pid``: MB/s and the CPU seconds each side spent on it. The receiver
+    discards the bytes once verified, or with ``kept`` (a ``bench.kv receiver``) its
+    consumer reads them all (checked: every byte arrived)."""
+    transfer_id = f"bench-{uuid.uuid4().hex[:12]}"
+    if kept is not None:
+        assert kept.stdin is not None
+        assert kept.stdout is not None
+        kept.stdin.write(transfer_id + "\n")
+        kept.stdin.flush()
     before = (cpu_self(), cpu_of(server_pid))
     opts = options.replace(data_path=path)
-    sent = RUNNER.run(send(target, total, 16, opts, "random", True, data=data, tls=tls))
+    discard = kept is None
+    sent = RUNNER.run(send(target, total, 16, opts, "random", discard, transfer_id, data, tls=tls))
     if sent["data_path"] != path:
         raise RuntimeError(f"loopback: asked for {path}, sent over {sent['data_path']}")
+    if kept is not None:
+        answer = json.loads(kept.stdout.readline())  # the consumer has read the last byte
+        if answer != {"transfer_id": transfer_id, "bytes": total}:
+            raise RuntimeError(f"loopback: the consumer read {answer}, not {total} bytes")
     used = {"sender": cpu_self() - before[0], "receiver": cpu_of(server_pid) - before[1]}
     return sent["bytes_raw"] / sent["seconds"] / 1e6, used
 
@@ -710,6 +772,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "sender":
         return sender_main(argv[1:])
+    if argv and argv[0] == "receiver":
+        return receiver_main()
     parser = argparse.ArgumentParser(prog="bench.kv")
     parser.add_argument("--quick", action="store_true", help="smaller transfers")
     parser.add_argument("--out", type=Path, default=Path("var/bench/kv.json"))
@@ -762,7 +826,8 @@ def summary(results: dict[str, Any]) -> list[str]:
             f"loopback, {name.split('_')[0]} connection(s): link ({path} path) "
             f"{row['best_ratio']:.3f} x plain TCP ({rate:.0f} vs {row['tcp_mb_s']:.0f} MB/s, "
             f"best rounds; medians {median:.3f}); checked TCP {row['checked_ratio_to_tcp']:.3f}"
-            f" x plain TCP; bulk path {row['ratio_bulk_to_checked']:.3f} x checked TCP"
+            f" x plain TCP; bulk path {row['ratio_bulk_to_checked']:.3f} x checked TCP; kept by"
+            f" a consumer {row['kept_ratio_to_discard']:.3f} x discarded"
         )
     for name, row in results.get("loopback_mtls", {}).items():
         cpu = row["cpu_s_per_gb"]

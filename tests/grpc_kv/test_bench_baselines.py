@@ -1,12 +1,14 @@
-"""The loopback benchmark's reference methods (bench/kv.py): plain TCP and checked TCP.
+"""The loopback benchmark's reference methods (bench/kv.py): plain TCP and checked TCP;
+and its receiver whose consumer keeps what the link delivers.
 
 Their figures are what the KV link's goodput is judged against, so they must move every
 byte they claim to and, for checked TCP, verify it: a reference that skipped its checksum
-would make the link look slower than it is.
+would make the link look slower than it is. A "kept" transfer must really reach a consumer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import struct
@@ -16,7 +18,18 @@ import sys
 import pytest
 import xxhash
 
-from bench.kv import CHECKED_PREFIX, MIB, SINK, summary, tcp_baseline, verdicts
+import bench.kv
+from bench.kv import (
+    CHECKED_PREFIX,
+    MIB,
+    SINK,
+    loopback_options,
+    measured_send,
+    start_receiver,
+    summary,
+    tcp_baseline,
+    verdicts,
+)
 
 
 @pytest.mark.parametrize("checked", [False, True], ids=["plain", "checked"])
@@ -57,6 +70,28 @@ def test_the_checked_sink_verifies_every_slice_and_says_which_failed() -> None:
         sink.wait(timeout=10)
 
 
+def test_a_kept_transfer_is_read_to_its_last_byte_by_the_receivers_consumer(monkeypatch) -> None:
+    monkeypatch.setattr(bench.kv, "RUNNER", asyncio.Runner())  # the bench's own closes once
+    receiver, target = start_receiver(consumer=True)
+    try:
+        with bench.kv.RUNNER:
+            rate, cpu = measured_send(
+                target,
+                receiver.pid,
+                32 * MIB,
+                loopback_options(2),
+                "bulk",
+                os.urandom(2 * MIB),
+                kept=receiver,
+            )  # raises unless the consumer answers with this transfer and all 32 MiB
+        assert rate > 0
+        assert cpu["receiver"] > 0
+    finally:
+        assert receiver.stdin is not None
+        receiver.stdin.close()
+        assert receiver.wait(timeout=20) == 0
+
+
 def test_the_summary_names_each_ratio_and_every_missed_target() -> None:
     row = {
         "best_data_path": "bulk",
@@ -69,6 +104,7 @@ def test_the_summary_names_each_ratio_and_every_missed_target() -> None:
         "median_ratio": 0.3,
         "checked_ratio_to_tcp": 0.72,
         "ratio_bulk_to_checked": 0.97,
+        "kept_ratio_to_discard": 0.95,
     }
     results = {
         "shaped_200mbit": {"none": {"ratio_to_shaped_rate": 0.95}},
@@ -79,7 +115,9 @@ def test_the_summary_names_each_ratio_and_every_missed_target() -> None:
     assert "shaped 200 Mbit/s, none: 0.950 x the shaped rate" in lines
     assert any(
         line.startswith("loopback, 4 connection(s): link (bulk path) 0.700 x plain TCP (2800 vs")
-        and "checked TCP 0.720 x plain TCP; bulk path 0.970 x checked TCP" in line
+        and "checked TCP 0.720 x plain TCP; bulk path 0.970 x checked TCP; kept by a consumer"
+        " 0.950 x discarded"
+        in line
         for line in lines
     )
     assert "goodput_200mbit_none >= 0.93: ok" in lines
