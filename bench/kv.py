@@ -16,7 +16,8 @@ side in one run, JSON to ``var/bench/kv.json``.
   (and other tenants) share, goodput is bounded by the inverse of their sum, a figure far
   less noisy than the throughput of one run. The bulk path also runs once per round into a
   receiver whose consumer keeps every chunk ("kept": how an engine that embeds the receiver
-  gets its KV), beside the discarding receiver the target is measured with; no target.
+  gets its KV), and into a ``kv serve --local-socket`` sidecar read by an engine in another
+  process, beside the discarding receiver the target is measured with; no target.
 * The same loopback transfers under mutual TLS (certificates made for the run), beside
   plain TCP: each data path's goodput and CPU seconds per GB, no target (what a sidecar's
   cores are planned by).
@@ -25,7 +26,8 @@ side in one run, JSON to ``var/bench/kv.json``.
   transfers (bytes held, sampled, and the process's peak RSS growth).
 
 ``python -m bench.kv sender ...`` is the sending side it runs inside a namespace;
-``python -m bench.kv receiver`` the receiver with a consumer of the kept rows.
+``python -m bench.kv receiver`` the receiver with a consumer of the kept rows,
+``python -m bench.kv consumer SOCKET`` the engine of the local-socket rows.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -155,31 +158,55 @@ def sender_main(argv: list[str]) -> int:
     return 0
 
 
+async def read_announced(read_all: Callable[[str], Awaitable[int]]) -> None:
+    """For each transfer id read from stdin, ``read_all`` of it (its byte count) in a task of
+    its own, answered ``{"transfer_id": ..., "bytes": N}`` on stdout; returns at the end of
+    stdin. The consumers of the kept loopback rows (see :func:`measured_send`)."""
+    loop = asyncio.get_running_loop()
+    readers: set[asyncio.Task[None]] = set()
+
+    async def answer(transfer_id: str) -> None:
+        got = await read_all(transfer_id)
+        print(json.dumps({"transfer_id": transfer_id, "bytes": got}), flush=True)
+
+    while line := await loop.run_in_executor(None, sys.stdin.readline):
+        task = asyncio.create_task(answer(line.strip()))
+        readers.add(task)
+        task.add_done_callback(readers.discard)
+
+
 def receiver_main() -> int:
     """``python -m bench.kv receiver``: a plaintext receiver offering the bulk path on an
     ephemeral loopback port (``{"port": N}`` on stdout, like ``kv serve``) with a consumer in
-    its own process, as an engine that embeds it has: every transfer id read from stdin is
-    opened and read to the end, keeping nothing past each segment, and answered
-    ``{"transfer_id": ..., "bytes": N}``. Ends at the end of stdin."""
+    its own process, as an engine that embeds it has: it reads every announced transfer
+    (:func:`read_announced`), keeping nothing past each segment."""
 
     async def serve() -> None:
         server = ReceiverServer("127.0.0.1:0", ReceiverOptions(bulk=True), INSECURE)
         print(json.dumps({"port": await server.start()}), flush=True)
-        loop = asyncio.get_running_loop()
-        readers: set[asyncio.Task[None]] = set()
 
-        async def consume(transfer_id: str) -> None:
+        async def read_all(transfer_id: str) -> int:
             async with await server.open(transfer_id, 600.0) as reader:
-                got = sum([len(segment.data) async for segment in reader])
-            print(json.dumps({"transfer_id": transfer_id, "bytes": got}), flush=True)
+                return sum([len(segment.data) async for segment in reader])
 
-        while line := await loop.run_in_executor(None, sys.stdin.readline):
-            task = asyncio.create_task(consume(line.strip()))
-            readers.add(task)
-            task.add_done_callback(readers.discard)
+        await read_announced(read_all)
         await server.stop(1)
 
     asyncio.run(serve())
+    return 0
+
+
+def consumer_main(argv: list[str]) -> int:
+    """``python -m bench.kv consumer SOCKET``: an engine in another process than its receiver
+    sidecar (``kv serve --local-socket SOCKET``), reading every announced transfer through
+    the local socket (:func:`read_announced`)."""
+    (socket_path,) = argv
+
+    async def read_all(transfer_id: str) -> int:
+        async with consume(socket_path, transfer_id, 600.0) as reader:
+            return sum([len(segment.data) async for segment in reader])
+
+    asyncio.run(read_announced(read_all))
     return 0
 
 
@@ -497,23 +524,40 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
     total = (256 if quick else 1024) * MIB
     server, target = start_receiver("--insecure")
     keeper, kept_target = start_receiver(consumer=True)
+    local_socket = Path(tempfile.gettempdir()) / f"pdbridge-bench-{uuid.uuid4().hex[:8]}.sock"
+    sidecar, sidecar_target = start_receiver("--insecure", "--local-socket", str(local_socket))
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "bench.kv", "consumer", str(local_socket)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     rows = {}
     try:
         for connections in (1, 4):
             options = loopback_options(connections)
-            measured = Rounds("tcp", "checked_tcp", "grpcio", "kv", "kv_bulk", "kv_bulk_kept")
+            measured = Rounds(
+                "tcp", "checked_tcp", "grpcio", "kv", "kv_bulk", "kv_bulk_kept", "kv_bulk_local"
+            )
             data = payload("random", total // 16)  # generated outside the measured CPU
             for _ in range(rounds):
                 measured.add("tcp", tcp_baseline(total, connections, data))
                 measured.add("checked_tcp", tcp_baseline(total, connections, data, checked=True))
                 for method, path in (("kv", "grpc"), ("kv_bulk", "bulk")):
                     measured.add(
-                        method, measured_send(target, server.pid, total, options, path, data)
+                        method, measured_send(target, [server.pid], total, options, path, data)
                     )
                 measured.add(
                     "kv_bulk_kept",
                     measured_send(
-                        kept_target, keeper.pid, total, options, "bulk", data, kept=keeper
+                        kept_target, [keeper.pid], total, options, "bulk", data, kept=keeper
+                    ),
+                )
+                receiving_host = [sidecar.pid, engine.pid]
+                measured.add(
+                    "kv_bulk_local",
+                    measured_send(
+                        sidecar_target, receiving_host, total, options, "bulk", data, kept=engine
                     ),
                 )
                 measured.add("grpcio", grpcio_baseline(total, connections))
@@ -542,6 +586,10 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
                 "kv_bulk_kept_mb_s": round(best["kv_bulk_kept"], 1),
                 "ratio_bulk_kept": round(best["kv_bulk_kept"] / best["tcp"], 3),
                 "kept_ratio_to_discard": round(best["kv_bulk_kept"] / best["kv_bulk"], 3),
+                # Kept by an engine in another process, through the sidecar's local socket;
+                # its receiver CPU is the sidecar's and the engine's together.
+                "kv_bulk_local_mb_s": round(best["kv_bulk_local"], 1),
+                "local_ratio_to_kept": round(best["kv_bulk_local"] / best["kv_bulk_kept"], 3),
                 "grpcio_ratio_to_tcp": round(best["grpcio"] / best["tcp"], 3),
                 "ratio_to_grpcio": round(best["kv"] / best["grpcio"], 3),
                 "median_ratio": round(median["kv"] / median["tcp"], 3),
@@ -558,11 +606,14 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
                 ),
             }
     finally:
-        server.terminate()
-        assert keeper.stdin is not None
-        keeper.stdin.close()  # it stops its server and exits
-        for child in (server, keeper):
+        for child in (server, sidecar):
+            child.terminate()
+        for consumer in (keeper, engine):
+            assert consumer.stdin is not None
+            consumer.stdin.close()  # it finishes and exits
+        for child in (server, sidecar, keeper, engine):
             child.wait(timeout=20)
+        local_socket.unlink(missing_ok=True)
     results["loopback_unshaped"] = rows
 
 
@@ -619,7 +670,7 @@ class Rounds:
 
 def measured_send(
     target: str,
-    server_pid: int,
+    receiver_pids: list[int],
     total: int,
     options: LinkOptions,
     path: str,
@@ -628,16 +679,17 @@ def measured_send(
     kept: subprocess.Popen[str] | None = None,
 ) -> tuple[float, dict[str, float]]:
     """One KV-link transfer of ``total`` bytes over data path ``path`` to the receiver
-    process ``server_pid``: MB/s and the CPU seconds each side spent on it. The receiver
-    discards the bytes once verified, or with ``kept`` (a ``bench.kv receiver``) its
-    consumer reads them all (checked: every byte arrived)."""
+    processes ``receiver_pids``: MB/s and the CPU seconds each side spent on it (the
+    receiving side's summed over those processes). The receiver discards the bytes once
+    verified, or ``kept`` (a ``bench.kv receiver`` or ``consumer``) reads them all (checked:
+    every byte arrived)."""
     transfer_id = f"bench-{uuid.uuid4().hex[:12]}"
     if kept is not None:
         assert kept.stdin is not None
         assert kept.stdout is not None
         kept.stdin.write(transfer_id + "\n")
         kept.stdin.flush()
-    before = (cpu_self(), cpu_of(server_pid))
+    before = (cpu_self(), sum(cpu_of(pid) for pid in receiver_pids))
     opts = options.replace(data_path=path)
     discard = kept is None
     sent = RUNNER.run(send(target, total, 16, opts, "random", discard, transfer_id, data, tls=tls))
@@ -647,7 +699,8 @@ def measured_send(
         answer = json.loads(kept.stdout.readline())  # the consumer has read the last byte
         if answer != {"transfer_id": transfer_id, "bytes": total}:
             raise RuntimeError(f"loopback: the consumer read {answer}, not {total} bytes")
-    used = {"sender": cpu_self() - before[0], "receiver": cpu_of(server_pid) - before[1]}
+    receiver = sum(cpu_of(pid) for pid in receiver_pids)
+    used = {"sender": cpu_self() - before[0], "receiver": receiver - before[1]}
     return sent["bytes_raw"] / sent["seconds"] / 1e6, used
 
 
@@ -676,7 +729,7 @@ def loopback_mtls(results: dict[str, Any], quick: bool, rounds: int = 3) -> None
                     for method, path in (("kv", "grpc"), ("kv_bulk", "bulk")):
                         measured.add(
                             method,
-                            measured_send(target, server.pid, total, options, path, data, tls),
+                            measured_send(target, [server.pid], total, options, path, data, tls),
                         )
                 best = measured.best()
                 rows[f"{connections}_connections"] = {
@@ -774,6 +827,8 @@ def main(argv: list[str] | None = None) -> int:
         return sender_main(argv[1:])
     if argv and argv[0] == "receiver":
         return receiver_main()
+    if argv and argv[0] == "consumer":
+        return consumer_main(argv[1:])
     parser = argparse.ArgumentParser(prog="bench.kv")
     parser.add_argument("--quick", action="store_true", help="smaller transfers")
     parser.add_argument("--out", type=Path, default=Path("var/bench/kv.json"))
@@ -827,7 +882,8 @@ def summary(results: dict[str, Any]) -> list[str]:
             f"{row['best_ratio']:.3f} x plain TCP ({rate:.0f} vs {row['tcp_mb_s']:.0f} MB/s, "
             f"best rounds; medians {median:.3f}); checked TCP {row['checked_ratio_to_tcp']:.3f}"
             f" x plain TCP; bulk path {row['ratio_bulk_to_checked']:.3f} x checked TCP; kept by"
-            f" a consumer {row['kept_ratio_to_discard']:.3f} x discarded"
+            f" a consumer {row['kept_ratio_to_discard']:.3f} x discarded, through the local"
+            f" socket {row['local_ratio_to_kept']:.3f} x kept"
         )
     for name, row in results.get("loopback_mtls", {}).items():
         cpu = row["cpu_s_per_gb"]

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from grpc_kv.link import EOF
 from grpc_kv.manifest import Fingerprint, TransferHeader
 from grpc_kv.protocol import PACKAGE, pb
 from grpc_kv.store import FingerprintMismatch, Segment, TransferFailed
+from grpc_kv.wire import SEGMENT_DATA_FIELD, FrameError, split_field
 
 
 class LocalReader:
@@ -41,7 +43,19 @@ class LocalReader:
                 raise _failure(exc) from exc
             if msg is EOF:
                 return
-            yield Segment(msg.layer, msg.offset, msg.data, msg.layer_final)
+            yield parse_segment(msg)
+
+
+def parse_segment(frame: bytes) -> Segment:
+    """A Consume reply's small fields parsed by protobuf and its data cut out as a view of
+    the received bytes (parsing it into the message would copy it, and every read of
+    ``msg.data`` again). TransferFailed when the receiver sent something malformed."""
+    try:
+        small, data = split_field(frame, SEGMENT_DATA_FIELD)
+        msg = pb.Segment.FromString(small)
+    except (FrameError, DecodeError) as exc:
+        raise TransferFailed(f"local socket: malformed Segment ({exc})") from exc
+    return Segment(msg.layer, msg.offset, data, msg.layer_final)
 
 
 def _failure(exc: grpc.aio.AioRpcError) -> TransferFailed:
@@ -78,13 +92,18 @@ async def consume(
         call = channel.unary_stream(
             f"/{PACKAGE}.KvConsumer/Consume",
             request_serializer=lambda m: m.SerializeToString(),
-            response_deserializer=pb.Segment.FromString,
+            # Raw bytes: segments are cut by hand (parse_segment), the header parsed here.
+            response_deserializer=None,
         )(request, timeout=deadline_s + 60.0)
         try:
-            first: Any = await call.read()
+            raw: Any = await call.read()
         except grpc.aio.AioRpcError as exc:
             raise _failure(exc) from exc
-        if first is EOF or not first.HasField("header"):
+        try:
+            first = None if raw is EOF else pb.Segment.FromString(raw)
+        except DecodeError as exc:
+            raise TransferFailed(f"local socket: malformed header message ({exc})") from exc
+        if first is None or not first.HasField("header"):
             raise TransferFailed(f"transfer {transfer_id!r}: receiver sent no header")
         try:
             yield LocalReader(call, TransferHeader.from_pb(first.header))

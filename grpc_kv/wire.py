@@ -1,9 +1,11 @@
-"""Protobuf wire format by hand, for the one field that is megabytes: a Chunk's payload.
+"""Protobuf wire format by hand, for the fields that are megabytes: a Chunk's payload, and a
+Segment's data on its way to a consumer in another process.
 
 The sender appends the payload to the serialised small fields itself (one copy, not three);
 the receiver cuts it out of the received frame as a zero-copy view and lets protobuf parse
 only the small fields (parsing the whole frame would copy the payload twice: into the
-message, and again on every read of ``chunk.payload``). Pure functions, non-blocking;
+message, and again on every read of ``chunk.payload``). The local socket's Consume stream
+frames and cuts ``Segment.data`` the same way. Pure functions, non-blocking;
 a malformed frame raises :class:`FrameError` (the receiver answers INVALID_ARGUMENT).
 """
 
@@ -15,9 +17,10 @@ from typing import Any
 
 from grpc_kv.codec import Checksum, Codec, checksum, compress
 
-#: Chunk.payload: field 9, length-delimited (tag byte 0x4a).
+#: Chunk.payload: field 9, length-delimited.
 CHUNK_PAYLOAD_FIELD = 9
-PAYLOAD_TAG = bytes([CHUNK_PAYLOAD_FIELD << 3 | 2])
+#: Segment.data: field 5, length-delimited.
+SEGMENT_DATA_FIELD = 5
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 
 
@@ -36,6 +39,13 @@ def varint(value: int) -> bytes:
         else:
             out.append(byte)
             return bytes(out)
+
+
+def with_field(small: bytes, field: int, value: bytes | memoryview) -> bytes:
+    """A serialised message: ``small`` (its other fields, serialised by protobuf) followed by
+    length-delimited ``field`` = ``value``, which is copied once (protobuf would copy it into
+    the message and again when serialising)."""
+    return b"".join((small, varint(field << 3 | _LENGTH), varint(len(value)), value))
 
 
 def read_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
@@ -118,7 +128,7 @@ class OutChunk:
         if isinstance(self.encoded, bytes):
             return self.encoded
         head, payload = self.encoded
-        return b"".join((head, PAYLOAD_TAG, varint(len(payload)), payload))
+        return with_field(head, CHUNK_PAYLOAD_FIELD, payload)
 
     def bulk_parts(self) -> tuple[bytes, memoryview]:
         """``parts`` for the bulk data path, computing a deferred checksum first. Called by
@@ -160,5 +170,4 @@ def encode_chunk(
     small = head.SerializeToString()
     if lazy and codec is Codec.NONE:
         return (small, data), len(data), spent
-    frame = b"".join((small, PAYLOAD_TAG, varint(len(payload)), payload))
-    return frame, len(payload), spent
+    return with_field(small, CHUNK_PAYLOAD_FIELD, payload), len(payload), spent

@@ -77,7 +77,7 @@ def test_a_kept_transfer_is_read_to_its_last_byte_by_the_receivers_consumer(monk
         with bench.kv.RUNNER:
             rate, cpu = measured_send(
                 target,
-                receiver.pid,
+                [receiver.pid],
                 32 * MIB,
                 loopback_options(2),
                 "bulk",
@@ -105,6 +105,7 @@ def test_the_summary_names_each_ratio_and_every_missed_target() -> None:
         "checked_ratio_to_tcp": 0.72,
         "ratio_bulk_to_checked": 0.97,
         "kept_ratio_to_discard": 0.95,
+        "local_ratio_to_kept": 0.5,
     }
     results = {
         "shaped_200mbit": {"none": {"ratio_to_shaped_rate": 0.95}},

@@ -10,8 +10,16 @@ import pytest
 
 from grpc_kv.api import LinkOptions, open_transfer
 from grpc_kv.codec import Checksum, checksum
+from grpc_kv.local import parse_segment
 from grpc_kv.protocol import pb
-from grpc_kv.wire import CHUNK_PAYLOAD_FIELD, FrameError, split_field
+from grpc_kv.store import TransferFailed
+from grpc_kv.wire import (
+    CHUNK_PAYLOAD_FIELD,
+    SEGMENT_DATA_FIELD,
+    FrameError,
+    split_field,
+    with_field,
+)
 from tests.grpc_kv.kvtest import INSECURE, RawClient, chunk_frame, make_header, receiver, run
 from tests.support import subprocess_env, unavailable
 
@@ -42,6 +50,28 @@ def test_split_field_without_the_field_gives_an_empty_payload():
     head, payload = split_field(pb.Chunk(seq=1).SerializeToString(), CHUNK_PAYLOAD_FIELD)
     assert len(payload) == 0
     assert pb.Chunk.FromString(head).seq == 1
+
+
+@pytest.mark.parametrize("size", [0, 1, 127, 128, 300_000])
+def test_with_field_frames_what_protobuf_would_and_the_local_reader_cuts_it_back(size):
+    data = os.urandom(size)
+    small = pb.Segment(layer="model.layers.3", offset=4096, layer_final=True).SerializeToString()
+
+    frame = with_field(small, SEGMENT_DATA_FIELD, memoryview(data))
+
+    by_protobuf = pb.Segment(layer="model.layers.3", offset=4096, layer_final=True, data=data)
+    assert pb.Segment.FromString(frame) == by_protobuf
+    # Byte for byte too, except that proto3 leaves an empty field out (same message).
+    assert frame == by_protobuf.SerializeToString() or (size == 0 and frame == small + b"\x2a\x00")
+    segment = parse_segment(frame)
+    assert (segment.layer, segment.offset, segment.final) == ("model.layers.3", 4096, True)
+    assert bytes(segment.data) == data
+
+
+@pytest.mark.parametrize("frame", [b"\x2a\x10short", b"\x12\x05ab", b"\x0b"])
+def test_a_malformed_segment_on_the_local_socket_fails_the_read_and_names_it(frame):
+    with pytest.raises(TransferFailed, match="local socket: malformed Segment"):
+        parse_segment(frame)
 
 
 @pytest.mark.parametrize(
