@@ -62,14 +62,21 @@ class BeginRefused(Exception):
 @dataclass
 class Segment:
     """Verified bytes of one layer at ``offset``; ``final`` marks the layer's last bytes.
-    ``data`` is bytes-like: ``bytes``, or a ``memoryview`` of a buffer that belongs to this
-    segment alone (a chunk received on the bulk data path, never copied after the kernel
-    wrote it). ``bytes(segment.data)`` where ``bytes`` itself is needed."""
+    ``data`` is bytes-like: ``bytes``, or a ``memoryview`` that nothing else writes (of the
+    buffer an uncompressed chunk was received into on the bulk data path, or of the gRPC
+    frame it arrived in: not copied after the kernel wrote it). ``bytes(segment.data)``
+    where ``bytes`` itself is needed."""
 
     layer: str
     offset: int
     data: bytes | memoryview
     final: bool
+
+
+def _immutable(data: bytes | memoryview) -> bool:
+    """``bytes``, or a view of ``bytes`` (which keeps the whole object alive: for a payload
+    cut out of a frame, a few dozen bytes more than the payload)."""
+    return isinstance(data, bytes) or isinstance(getattr(data, "obj", None), bytes)
 
 
 @dataclass
@@ -350,7 +357,8 @@ class TransferStore:
         owned: bool = False,
     ) -> None:
         """Record a verified chunk (its checksum already passed). For a consumer, ``data``
-        is kept as it is when it is ``bytes`` or ``owned`` (a buffer nobody else writes),
+        is kept as it is when nothing can change it (``bytes``, a view of ``bytes`` such as
+        a payload cut out of its gRPC frame, or a buffer the caller hands over: ``owned``),
         otherwise as a copy; a transfer that discards keeps nothing."""
         if chunk.seq in transfer.checksums or transfer.failed:
             return
@@ -363,7 +371,7 @@ class TransferStore:
         if transfer.checksum_kind is Checksum.NONE:
             self.metrics.unverified.labels(ROLE).inc()
         if not transfer.discard:
-            kept = data if owned or isinstance(data, bytes) else bytes(data)
+            kept = data if owned or _immutable(data) else bytes(data)
             transfer.pending[chunk.seq] = Segment(
                 chunk.layer, chunk.offset, kept, chunk.layer_final
             )

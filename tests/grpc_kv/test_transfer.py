@@ -1,6 +1,7 @@
 """Transfers between a real sender and a real receiver on loopback."""
 
 import asyncio
+import os
 import time
 
 import grpc
@@ -78,6 +79,29 @@ def test_tensors_round_trip_exactly_under_every_codec(compression):
     assert summary.bytes_raw == sum(map(len, tensors.values()))
     assert summary.retransmits == 0
     assert memory == 0
+
+
+def test_an_uncompressed_chunk_reaches_the_consumer_as_a_view_of_its_frame_not_a_copy():
+    data = os.urandom(3 * 64 * 1024)
+
+    async def scenario():
+        async with receiver() as (server, target):
+            header = make_header({"kv": len(data)})
+            consumer = asyncio.create_task(collect(server, header.transfer_id))
+            async with open_transfer(target, header, SMALL, INSECURE) as tx:
+                await tx.send_layer("kv", data)
+                summary = await tx.finish()
+            _, segments = await consumer
+            return segments, summary
+
+    segments, summary = run(scenario())
+
+    assert summary.data_path == "grpc"
+    assert layers_of(segments) == {"kv": data}
+    for segment in segments:  # the received frame (immutable bytes): payload and small fields
+        assert isinstance(segment.data, memoryview)
+        assert isinstance(segment.data.obj, bytes)
+        assert len(segment.data.obj) > len(segment.data)
 
 
 def test_layers_reach_the_consumer_while_the_producer_is_still_sending():
