@@ -160,14 +160,19 @@ def sender_main(argv: list[str]) -> int:
 
 async def read_announced(read_all: Callable[[str], Awaitable[int]]) -> None:
     """For each transfer id read from stdin, ``read_all`` of it (its byte count) in a task of
-    its own, answered ``{"transfer_id": ..., "bytes": N}`` on stdout; returns at the end of
-    stdin. The consumers of the kept loopback rows (see :func:`measured_send`)."""
+    its own, answered ``{"transfer_id": ..., "bytes": N}`` on stdout, or ``{"transfer_id":
+    ..., "error": ...}`` when reading failed (the benchmark waits for an answer either way);
+    returns at the end of stdin. The consumers of the kept loopback rows (see
+    :func:`measured_send`)."""
     loop = asyncio.get_running_loop()
     readers: set[asyncio.Task[None]] = set()
 
     async def answer(transfer_id: str) -> None:
-        got = await read_all(transfer_id)
-        print(json.dumps({"transfer_id": transfer_id, "bytes": got}), flush=True)
+        try:
+            result: dict[str, Any] = {"bytes": await read_all(transfer_id)}
+        except Exception as exc:  # TransferFailed, a broken local socket: said, not hung on
+            result = {"error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps({"transfer_id": transfer_id, **result}), flush=True)
 
     while line := await loop.run_in_executor(None, sys.stdin.readline):
         task = asyncio.create_task(answer(line.strip()))
@@ -696,7 +701,10 @@ def measured_send(
     if sent["data_path"] != path:
         raise RuntimeError(f"loopback: asked for {path}, sent over {sent['data_path']}")
     if kept is not None:
-        answer = json.loads(kept.stdout.readline())  # the consumer has read the last byte
+        line = kept.stdout.readline()  # once the consumer has read the last byte
+        if not line:
+            raise RuntimeError("loopback: the consumer exited without answering")
+        answer = json.loads(line)
         if answer != {"transfer_id": transfer_id, "bytes": total}:
             raise RuntimeError(f"loopback: the consumer read {answer}, not {total} bytes")
     receiver = sum(cpu_of(pid) for pid in receiver_pids)

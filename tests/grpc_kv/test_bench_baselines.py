@@ -9,7 +9,9 @@ would make the link look slower than it is. A "kept" transfer must really reach 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import select
 import socket
 import struct
 import subprocess
@@ -90,6 +92,32 @@ def test_a_kept_transfer_is_read_to_its_last_byte_by_the_receivers_consumer(monk
         assert receiver.stdin is not None
         receiver.stdin.close()
         assert receiver.wait(timeout=20) == 0
+
+
+def test_a_consumer_that_cannot_read_answers_with_its_error_instead_of_leaving_the_bench_hanging(
+    tmp_path,
+) -> None:
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "bench.kv", "consumer", str(tmp_path / "no-sidecar.sock")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert engine.stdin is not None
+    assert engine.stdout is not None
+    try:
+        engine.stdin.write("t-nobody\n")
+        engine.stdin.flush()
+        ready, _, _ = select.select([engine.stdout], [], [], 30)
+        assert ready, "no answer within 30 s"
+        answer = json.loads(engine.stdout.readline())
+    finally:
+        engine.kill()
+        engine.wait(timeout=10)
+
+    assert answer["transfer_id"] == "t-nobody"
+    assert answer["error"].startswith("TransferFailed: ")
+    assert "bytes" not in answer
 
 
 def test_the_summary_names_each_ratio_and_every_missed_target() -> None:
