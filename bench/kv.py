@@ -158,6 +158,22 @@ def sender_main(argv: list[str]) -> int:
     return 0
 
 
+async def byte_count(reader: Any) -> int:
+    """Read a transfer's segments to the end, keeping none: how many bytes they held."""
+    return sum([len(segment.data) async for segment in reader])
+
+
+def bench_child(*args: str) -> subprocess.Popen[str]:
+    """``python -m bench.kv ARGS`` with stdin and stdout piped (text): a ``receiver`` or a
+    ``consumer``, which read the transfer ids written to their stdin."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.kv", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
 async def read_announced(read_all: Callable[[str], Awaitable[int]]) -> None:
     """For each transfer id read from stdin, ``read_all`` of it (its byte count) in a task of
     its own, answered ``{"transfer_id": ..., "bytes": N}`` on stdout, or ``{"transfer_id":
@@ -192,7 +208,7 @@ def receiver_main() -> int:
 
         async def read_all(transfer_id: str) -> int:
             async with await server.open(transfer_id, 600.0) as reader:
-                return sum([len(segment.data) async for segment in reader])
+                return await byte_count(reader)
 
         await read_announced(read_all)
         await server.stop(1)
@@ -209,7 +225,7 @@ def consumer_main(argv: list[str]) -> int:
 
     async def read_all(transfer_id: str) -> int:
         async with consume(socket_path, transfer_id, 600.0) as reader:
-            return sum([len(segment.data) async for segment in reader])
+            return await byte_count(reader)
 
     asyncio.run(read_announced(read_all))
     return 0
@@ -531,12 +547,7 @@ def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
     keeper, kept_target = start_receiver(consumer=True)
     local_socket = Path(tempfile.gettempdir()) / f"pdbridge-bench-{uuid.uuid4().hex[:8]}.sock"
     sidecar, sidecar_target = start_receiver("--insecure", "--local-socket", str(local_socket))
-    engine = subprocess.Popen(
-        [sys.executable, "-m", "bench.kv", "consumer", str(local_socket)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    engine = bench_child("consumer", str(local_socket))
     rows = {}
     try:
         for connections in (1, 4):
@@ -626,12 +637,11 @@ def start_receiver(*security: str, consumer: bool = False) -> tuple[subprocess.P
     """A ``kv serve --bulk`` child process on an ephemeral loopback port (``security``:
     ``--insecure`` or its certificate options), and its ``host:port``; with ``consumer``,
     plaintext ``bench.kv receiver`` instead (see :func:`receiver_main`)."""
-    command = [sys.executable, "-m", "bench.kv", "receiver"]
-    if not consumer:
+    if consumer:
+        server = bench_child("receiver")
+    else:
         command = kv_cmd("serve", "--bind", "127.0.0.1:0", "--bulk", *security)
-    server = subprocess.Popen(
-        command, stdin=subprocess.PIPE if consumer else None, stdout=subprocess.PIPE, text=True
-    )
+        server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert server.stdout is not None
     return server, f"127.0.0.1:{json.loads(server.stdout.readline())['port']}"
 
@@ -786,7 +796,7 @@ def concurrent_memory(results: dict[str, Any]) -> None:
 
             async def read() -> int:
                 async with await server.open(tid, 120.0) as reader:
-                    return sum([len(s.data) async for s in reader])
+                    return await byte_count(reader)
 
             reader = asyncio.create_task(read())
             options = LinkOptions(chunk_size_bytes=4 * MIB, compression="none", timeout_ms=600_000)

@@ -25,6 +25,7 @@ from bench.kv import (
     CHECKED_PREFIX,
     MIB,
     SINK,
+    bench_child,
     loopback_options,
     measured_send,
     start_receiver,
@@ -97,12 +98,7 @@ def test_a_kept_transfer_is_read_to_its_last_byte_by_the_receivers_consumer(monk
 def test_a_consumer_that_cannot_read_answers_with_its_error_instead_of_leaving_the_bench_hanging(
     tmp_path,
 ) -> None:
-    engine = subprocess.Popen(
-        [sys.executable, "-m", "bench.kv", "consumer", str(tmp_path / "no-sidecar.sock")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    engine = bench_child("consumer", str(tmp_path / "no-sidecar.sock"))
     assert engine.stdin is not None
     assert engine.stdout is not None
     try:
