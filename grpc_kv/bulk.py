@@ -37,7 +37,7 @@ import socket
 import ssl
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -216,14 +216,7 @@ class BulkStream:
             return
         if callable(parts):
             parts = parts()
-        # One sendmsg for head and payload (no copy of the payload: memoryviews); whatever
-        # the socket did not take goes out with sock_sendall of the remaining view.
-        try:
-            sent = self._sock.sendmsg(parts)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        for view in unsent(parts, sent):
-            await self._until_dead(self._loop.sock_sendall(self._sock, view))
+        await send_parts(self._sock, parts, self._until_dead)
 
     def _writer_main(self) -> None:
         """The writer thread of a plaintext connection: writes queued frames back to back
@@ -348,6 +341,23 @@ class BulkStream:
                     wsock.close()
         elif self._writer is not None:
             self._writer.transport.abort()
+
+
+async def send_parts(
+    sock: socket.socket, parts: list[Any], guard: Callable[[Any], Awaitable[Any]] | None = None
+) -> None:
+    """Write ``parts`` (buffers, in order) to the non-blocking ``sock`` from the running
+    loop: one ``sendmsg`` for all of them (memoryviews are not copied), then
+    ``sock_sendall`` of whatever the socket did not take, each awaited through ``guard``
+    when given (the bulk sender's: gives up when the stream is cancelled)."""
+    loop = asyncio.get_running_loop()
+    try:
+        sent = sock.sendmsg(parts)
+    except (BlockingIOError, InterruptedError):
+        sent = 0
+    for view in unsent(parts, sent):
+        pending = loop.sock_sendall(sock, view)
+        await (guard(pending) if guard is not None else pending)
 
 
 def unsent(parts: list[Any], sent: int) -> list[Any]:

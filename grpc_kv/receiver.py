@@ -3,9 +3,9 @@
 ``ReceiverServer(bind, options, tls)``; ``port = await server.start()``; consumers call
 ``await server.open(transfer_id, deadline_s, expect_fingerprint=...)``; ``await
 server.stop(grace)``. With ``local_socket=path`` the same consumer API is also served on a
-Unix socket (``KvConsumer.Consume``) for an engine in another process (see
-:mod:`grpc_kv.local`). Handlers parse requests themselves so that a malformed frame is
-INVALID_ARGUMENT (not INTERNAL) and only its own stream ends.
+Unix socket for an engine in another process (:mod:`grpc_kv.local`). Handlers parse
+requests themselves so that a malformed frame is INVALID_ARGUMENT (not INTERNAL) and only
+its own stream ends.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from grpc_kv.alloc import tune_allocator
 from grpc_kv.bulk import split_target
 from grpc_kv.bulk_server import BulkServer
 from grpc_kv.codec import CorruptChunk
-from grpc_kv.manifest import Fingerprint, fingerprint_from_pb
+from grpc_kv.local import LocalServer
+from grpc_kv.manifest import Fingerprint
 from grpc_kv.metrics import LinkMetrics
 from grpc_kv.options import ReceiverOptions, grpc_options
 from grpc_kv.protocol import PACKAGE, pb
@@ -33,24 +34,16 @@ from grpc_kv.store import (
     ROLE,
     BeginRefused,
     ChunkRejected,
-    TransferFailed,
     TransferReader,
     TransferStore,
     decode_chunk,
 )
 from grpc_kv.tls import PeerRejected, TLSConfig
-from grpc_kv.wire import (
-    CHUNK_PAYLOAD_FIELD,
-    SEGMENT_DATA_FIELD,
-    FrameError,
-    split_field,
-    with_field,
-)
+from grpc_kv.wire import CHUNK_PAYLOAD_FIELD, FrameError, split_field
 
 log = logging.getLogger("grpc_kv.receiver")
 
 SERVICE = f"{PACKAGE}.KvLink"
-CONSUMER_SERVICE = f"{PACKAGE}.KvConsumer"
 # Chunks above this many bytes are decoded in a worker thread to keep the loop responsive.
 _THREAD_DECODE_BYTES = 256 * 1024
 
@@ -193,33 +186,6 @@ class _Servicer:
             total += len(data)
         return bytes(pb.ProbeReply(bytes=total, seconds=last - first).SerializeToString())
 
-    async def consume(self, data: bytes, context: Context) -> AsyncIterator[bytes]:
-        try:
-            request = _parse(pb.ConsumeRequest, data, "consume")
-        except ChunkRejected as exc:
-            await self._invalid(context, exc)
-            return
-        expect = None
-        if request.HasField("expect_fingerprint"):
-            expect = fingerprint_from_pb(request.expect_fingerprint)
-        try:
-            async with await self.server.open(
-                request.transfer_id, request.deadline_s or 30.0, expect
-            ) as reader:
-                header = await reader.wait_header()
-                yield pb.Segment(header=header.to_pb()).SerializeToString()
-                async for segment in reader:
-                    small = pb.Segment(
-                        layer=segment.layer, offset=segment.offset, layer_final=segment.final
-                    ).SerializeToString()
-                    # The data appended by hand: copied once, not into a message and out again.
-                    yield with_field(small, SEGMENT_DATA_FIELD, segment.data)
-        except TransferFailed as exc:
-            code = grpc.StatusCode.FAILED_PRECONDITION
-            if "deadline" in str(exc):
-                code = grpc.StatusCode.DEADLINE_EXCEEDED
-            await context.abort(code, str(exc))
-
 
 def _unary(fn: Callable[[bytes, Context], Awaitable[bytes]]) -> grpc.RpcMethodHandler:
     return grpc.unary_unary_rpc_method_handler(fn)
@@ -254,7 +220,7 @@ class ReceiverServer:
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
-        self._local: grpc.aio.Server | None = None
+        self._local: LocalServer | None = None
         #: The bulk data endpoint (None until started, or when ``options.bulk`` is off).
         self.bulk: BulkServer | None = None
 
@@ -307,14 +273,12 @@ class ReceiverServer:
                 raise
         await self._server.start()
         if self.local_socket is not None:
-            self.local_socket.unlink(missing_ok=True)
-            self._local = grpc.aio.server(options=opts)
-            consume = grpc.unary_stream_rpc_method_handler(servicer.consume)
-            self._local.add_generic_rpc_handlers(
-                (grpc.method_handlers_generic_handler(CONSUMER_SERVICE, {"Consume": consume}),)
-            )
-            self._local.add_insecure_port(f"unix:{self.local_socket}")
-            await self._local.start()
+            self._local = LocalServer(self.local_socket, self.open)
+            try:
+                await self._local.start()
+            except RuntimeError:
+                await self.stop(None)
+                raise
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set(SERVICE, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -331,9 +295,10 @@ class ReceiverServer:
         await self.health.enter_graceful_shutdown()
         if self.bulk is not None:
             await self.bulk.stop()
-        for server in (self._local, self._server):
-            if server is not None:
-                await server.stop(grace)
+        if self._local is not None:
+            await self._local.stop()
+        if self._server is not None:
+            await self._server.stop(grace)
         await self.store.stop()
         log.info("receiver_stopped port=%s", self.port)
 

@@ -19,8 +19,6 @@ from grpc_kv.codec import Checksum, Codec, checksum, compress
 
 #: Chunk.payload: field 9, length-delimited.
 CHUNK_PAYLOAD_FIELD = 9
-#: Segment.data: field 5, length-delimited.
-SEGMENT_DATA_FIELD = 5
 _VARINT, _FIXED64, _LENGTH, _FIXED32 = 0, 1, 2, 5
 
 

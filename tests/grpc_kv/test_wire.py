@@ -10,16 +10,8 @@ import pytest
 
 from grpc_kv.api import LinkOptions, open_transfer
 from grpc_kv.codec import Checksum, checksum
-from grpc_kv.local import parse_segment
 from grpc_kv.protocol import pb
-from grpc_kv.store import TransferFailed
-from grpc_kv.wire import (
-    CHUNK_PAYLOAD_FIELD,
-    SEGMENT_DATA_FIELD,
-    FrameError,
-    split_field,
-    with_field,
-)
+from grpc_kv.wire import CHUNK_PAYLOAD_FIELD, FrameError, split_field, with_field
 from tests.grpc_kv.kvtest import INSECURE, RawClient, chunk_frame, make_header, receiver, run
 from tests.support import subprocess_env, unavailable
 
@@ -53,25 +45,24 @@ def test_split_field_without_the_field_gives_an_empty_payload():
 
 
 @pytest.mark.parametrize("size", [0, 1, 127, 128, 300_000])
-def test_with_field_frames_what_protobuf_would_and_the_local_reader_cuts_it_back(size):
+def test_with_field_frames_what_protobuf_would_and_split_field_cuts_it_back(size):
     data = os.urandom(size)
-    small = pb.Segment(layer="model.layers.3", offset=4096, layer_final=True).SerializeToString()
+    small = pb.Chunk(transfer_id="t1", seq=3, layer="model.layers.3", offset=4096)
+    small_bytes = small.SerializeToString()
 
-    frame = with_field(small, SEGMENT_DATA_FIELD, memoryview(data))
+    frame = with_field(small_bytes, CHUNK_PAYLOAD_FIELD, memoryview(data))
 
-    by_protobuf = pb.Segment(layer="model.layers.3", offset=4096, layer_final=True, data=data)
-    assert pb.Segment.FromString(frame) == by_protobuf
+    by_protobuf = pb.Chunk(
+        transfer_id="t1", seq=3, layer="model.layers.3", offset=4096, payload=data
+    )
+    assert pb.Chunk.FromString(frame) == by_protobuf
     # Byte for byte too, except that proto3 leaves an empty field out (same message).
-    assert frame == by_protobuf.SerializeToString() or (size == 0 and frame == small + b"\x2a\x00")
-    segment = parse_segment(frame)
-    assert (segment.layer, segment.offset, segment.final) == ("model.layers.3", 4096, True)
-    assert bytes(segment.data) == data
-
-
-@pytest.mark.parametrize("frame", [b"\x2a\x10short", b"\x12\x05ab", b"\x0b"])
-def test_a_malformed_segment_on_the_local_socket_fails_the_read_and_names_it(frame):
-    with pytest.raises(TransferFailed, match="local socket: malformed Segment"):
-        parse_segment(frame)
+    assert frame == by_protobuf.SerializeToString() or (
+        size == 0 and frame == small_bytes + b"\x4a\x00"
+    )
+    head, payload = split_field(frame, CHUNK_PAYLOAD_FIELD)
+    assert pb.Chunk.FromString(head) == small
+    assert bytes(payload) == data
 
 
 @pytest.mark.parametrize(
