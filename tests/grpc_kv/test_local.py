@@ -303,3 +303,28 @@ def test_a_receiver_that_cannot_create_its_local_socket_says_so_and_releases_its
         await again.stop(0.1)
 
     run(scenario())
+
+
+def test_concurrent_transfers_each_reach_their_own_engine(tmp_path):
+    socket_path = tmp_path / "kv.sock"
+    payloads = [os.urandom(300_000 + i) for i in range(4)]
+
+    async def one(target, data):
+        header = make_header({"l0": len(data)})
+        engine = asyncio.create_task(read_through(socket_path, header.transfer_id))
+        await asyncio.sleep(0.05)
+        async with open_transfer(target, header, SMALL, INSECURE) as tx:
+            await tx.send_layer("l0", data)
+            await tx.finish()
+        _, segments = await engine
+        return b"".join(bytes(s.data) for s in segments)
+
+    async def scenario():
+        async with receiver(local_socket=socket_path) as (server, target):
+            got = await asyncio.gather(*(one(target, data) for data in payloads))
+            return got, server.memory_in_use
+
+    got, memory = run(scenario())
+
+    assert got == payloads
+    assert memory == 0
