@@ -74,7 +74,13 @@ async def _serve(args: argparse.Namespace) -> int:
         bulk=args.bulk,
         bulk_port=args.bulk_port,
     )
-    server = ReceiverServer(args.bind, options, _tls(args), local_socket=args.local_socket)
+    server = ReceiverServer(
+        args.bind,
+        options,
+        _tls(args),
+        local_socket=args.local_socket,
+        local_socket_mode=args.local_socket_mode,
+    )
     port = await server.start()
     if args.metrics_port is not None:
         from prometheus_client import start_http_server
@@ -170,6 +176,16 @@ async def _proxy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _octal_mode(text: str) -> int:
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an octal mode such as 600") from None
+    if not 0 <= mode <= 0o777:
+        raise argparse.ArgumentTypeError(f"{text!r}: permissions are 000..777")
+    return mode
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdbridge kv", description="the cross-DC KV link")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO")
@@ -178,6 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run a receiver sidecar")
     serve.add_argument("--bind", default="0.0.0.0:7070", help="host:port (port 0 = ephemeral)")
     serve.add_argument("--local-socket", type=Path, help="also serve consumers on this Unix socket")
+    serve.add_argument(
+        "--local-socket-mode",
+        type=_octal_mode,
+        default=0o600,
+        help="permissions of --local-socket, octal (default 600: only this user's engines;"
+        " 660 lets the socket's group in)",
+    )
     serve.add_argument("--metrics-port", type=int, help="Prometheus metrics on 127.0.0.1:PORT")
     serve.add_argument("--memory-budget-mb", type=float, default=1024)
     serve.add_argument("--max-chunk-mb", type=float, default=64)

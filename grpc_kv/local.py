@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -42,6 +43,7 @@ from google.protobuf.message import DecodeError
 from grpc_kv.alloc import owned_buffer
 from grpc_kv.bulk import MAX_HEAD, PREFIX, send_parts
 from grpc_kv.manifest import Fingerprint, TransferHeader, fingerprint_from_pb
+from grpc_kv.metrics import LinkMetrics
 from grpc_kv.protocol import pb
 from grpc_kv.store import FingerprintMismatch, Segment, TransferFailed, TransferReader
 
@@ -75,8 +77,12 @@ class LocalServer:
     ``path``, one connection per transfer. :meth:`start` raises RuntimeError when the
     socket cannot be created; :meth:`stop` closes it and every stream being served."""
 
-    def __init__(self, path: Path, open_transfer: OpenTransfer) -> None:
+    def __init__(
+        self, path: Path, open_transfer: OpenTransfer, metrics: LinkMetrics, mode: int = 0o600
+    ) -> None:
         self.path = path
+        self.mode = mode
+        self.metrics = metrics
         self._open = open_transfer
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
@@ -87,6 +93,9 @@ class LocalServer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.bind(str(self.path))
+            # Before listen(): until then a connect is refused, so no engine of another user
+            # can slip in while the socket still has the umask's permissions.
+            os.chmod(self.path, self.mode)
             sock.listen(64)
         except OSError as exc:
             sock.close()
@@ -133,6 +142,7 @@ class LocalServer:
                 await _send_error(conn, grpc.StatusCode.INVALID_ARGUMENT, detail)
                 return
             transfer_id = request.transfer_id
+            self.metrics.local_streams.inc()
             # The engine sends nothing after its request: a read that completes means it
             # closed its end, and the transfer is freed now, not at the next segment.
             streaming = asyncio.create_task(self._stream(conn, request))
@@ -140,14 +150,17 @@ class LocalServer:
             try:
                 await asyncio.wait({streaming, left}, return_when=asyncio.FIRST_COMPLETED)
             finally:
-                left.cancel()
-                if left.done() and not left.cancelled():
-                    left.exception()  # a reset is the engine leaving too: seen, not raised
                 if not streaming.done():
-                    streaming.cancel()
-                    log.info("local_consumer_left transfer_id=%s", transfer_id)
-            with contextlib.suppress(asyncio.CancelledError):
-                await streaming
+                    streaming.cancel()  # its reader is closed: the transfer is freed
+                    if left.done():
+                        log.info("local_consumer_left transfer_id=%s", transfer_id)
+                left.cancel()
+                # Both finish here, even when the receiver stops: nothing outlives the stream.
+                # A reset seen by ``left`` is the engine leaving too: retrieved, not raised.
+                await asyncio.gather(streaming, left, return_exceptions=True)
+                self.metrics.local_streams.dec()
+            if not streaming.cancelled() and (error := streaming.exception()) is not None:
+                raise error
         except (ConnectionError, OSError) as exc:  # the engine went away; its reader is closed
             log.info("local_consumer_gone transfer_id=%s error=%s", transfer_id, exc)
         except Exception as exc:  # a bug must cost this stream, never the receiver
@@ -170,6 +183,7 @@ class LocalServer:
                         layer=segment.layer, offset=segment.offset, layer_final=segment.final
                     ).SerializeToString()
                     await _send_frame(conn, head, segment.data)
+                    self.metrics.local_bytes.inc(len(segment.data))
         except TransferFailed as exc:
             code = grpc.StatusCode.FAILED_PRECONDITION
             if "deadline" in str(exc):

@@ -66,6 +66,16 @@ class LinkMetrics:
         self.memory = Gauge(
             "pdbridge_kv_receiver_memory_bytes", "Decoded bytes held by the receiver", registry=r
         )
+        self.local_streams = Gauge(
+            "pdbridge_kv_local_streams",
+            "Engines reading a transfer through the local socket now",
+            registry=r,
+        )
+        self.local_bytes = Counter(
+            "pdbridge_kv_local_bytes",
+            "Verified bytes handed to engines through the local socket",
+            registry=r,
+        )
         self.rtt = Gauge(
             "pdbridge_kv_link_rtt_seconds", "Last measured link round trip", ["target"], registry=r
         )

@@ -206,6 +206,7 @@ class ReceiverServer:
         tls: TLSConfig | None = None,
         *,
         local_socket: Path | str | None = None,
+        local_socket_mode: int = 0o600,
         accept_fingerprints: set[Fingerprint] | None = None,
         metrics: LinkMetrics | None = None,
     ) -> None:
@@ -215,6 +216,7 @@ class ReceiverServer:
         self.options = options or ReceiverOptions()
         self.tls = tls
         self.local_socket = Path(local_socket) if local_socket else None
+        self.local_socket_mode = local_socket_mode
         self.metrics = metrics or LinkMetrics()
         self.store = TransferStore(self.options, self.metrics, accept_fingerprints)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
@@ -273,7 +275,9 @@ class ReceiverServer:
                 raise
         await self._server.start()
         if self.local_socket is not None:
-            self._local = LocalServer(self.local_socket, self.open)
+            self._local = LocalServer(
+                self.local_socket, self.open, self.metrics, self.local_socket_mode
+            )
             try:
                 await self._local.start()
             except RuntimeError:

@@ -75,6 +75,14 @@ def test_commands_refuse_to_run_without_tls_or_an_explicit_insecure():
     assert "--insecure" in result.stderr
 
 
+@pytest.mark.parametrize(("mode", "named"), [("999", "not an octal mode"), ("1777", "000..777")])
+def test_serve_refuses_a_local_socket_mode_that_is_not_one(mode, named):
+    result = kv("serve", "--insecure", "--local-socket", "/tmp/x.sock", "--local-socket-mode", mode)
+
+    assert result.returncode == 2
+    assert named in result.stderr
+
+
 def test_sidecar_serves_an_engine_in_another_process_over_its_local_socket(certs, tmp_path):
     socket_path = tmp_path / "kv.sock"
     server = subprocess.Popen(

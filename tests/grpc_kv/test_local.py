@@ -53,9 +53,20 @@ def test_segments_reach_the_engine_exactly_in_buffers_of_its_own(tmp_path, data_
                 summary = await tx.finish()
             got_header, segments = await engine
             await asyncio.sleep(0.05)
-            return got_header, segments, summary, server.memory_in_use, server.active_transfers
+            metrics = (
+                server.metrics.value("pdbridge_kv_local_bytes_total"),
+                server.metrics.value("pdbridge_kv_local_streams"),
+            )
+            return (
+                got_header,
+                segments,
+                summary,
+                server.memory_in_use,
+                server.active_transfers,
+                metrics,
+            )
 
-    got_header, segments, summary, memory, active = run(scenario())
+    got_header, segments, summary, memory, active, metrics = run(scenario())
 
     assert summary.data_path == data_path
     assert got_header.fingerprint == FP
@@ -68,6 +79,7 @@ def test_segments_reach_the_engine_exactly_in_buffers_of_its_own(tmp_path, data_
     assert {k: bytes(v) for k, v in got.items()} == layers
     assert [s.layer for s in segments if s.final] == list(layers)
     assert (memory, active) == (0, 0)
+    assert metrics == (sum(map(len, layers.values())), 0)  # handed over, and nobody reading now
 
 
 def test_an_engine_expecting_another_model_gets_a_mismatch_and_the_sender_is_refused(tmp_path):
@@ -114,10 +126,12 @@ def test_an_engine_that_leaves_early_frees_the_transfer_on_the_receiver(tmp_path
         async with receiver(local_socket=socket_path) as (server, target):
             header = make_header({"l0": len(data)})
             first = asyncio.Event()
+            reading = []
 
             async def engine():
                 async with consume(socket_path, header.transfer_id, 10.0) as reader:
                     async for _segment in reader:
+                        reading.append(server.metrics.value("pdbridge_kv_local_streams"))
                         first.set()
                         return  # leaves after one segment: closes the stream
 
@@ -131,6 +145,8 @@ def test_an_engine_that_leaves_early_frees_the_transfer_on_the_receiver(tmp_path
                     while server.active_transfers:
                         await asyncio.sleep(0.01)
                 freed = server.memory_in_use
+                assert reading == [1]
+                assert server.metrics.value("pdbridge_kv_local_streams") == 0
 
                 async def the_rest():
                     await tx.send_layer("l0", data[64 * 1024 :])
@@ -328,3 +344,16 @@ def test_concurrent_transfers_each_reach_their_own_engine(tmp_path):
 
     assert got == payloads
     assert memory == 0
+
+
+@pytest.mark.parametrize(("mode", "expected"), [(None, 0o600), (0o660, 0o660)])
+def test_the_local_socket_admits_only_its_owner_unless_told_otherwise(tmp_path, mode, expected):
+    socket_path = tmp_path / "kv.sock"
+    kw = {} if mode is None else {"local_socket_mode": mode}
+
+    async def scenario():
+        async with receiver(local_socket=socket_path, **kw):
+            return socket_path.stat().st_mode & 0o777
+
+    assert run(scenario()) == expected
+    assert not socket_path.exists()  # removed when the receiver stops
