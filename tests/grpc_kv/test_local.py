@@ -34,6 +34,19 @@ async def read_through(socket_path, transfer_id, deadline=10.0, **kw):
         return reader.header, [s async for s in reader]
 
 
+async def through_an_engine(socket_path, target, data):
+    """Send ``data`` as one layer to ``target`` while an engine reads it through
+    ``socket_path``; the bytes the engine got."""
+    header = make_header({"l0": len(data)})
+    engine = asyncio.create_task(read_through(socket_path, header.transfer_id))
+    await asyncio.sleep(0.05)
+    async with open_transfer(target, header, SMALL, INSECURE) as tx:
+        await tx.send_layer("l0", data)
+        await tx.finish()
+    _, segments = await engine
+    return b"".join(bytes(s.data) for s in segments)
+
+
 @pytest.mark.parametrize("data_path", ["grpc", "bulk"])
 def test_segments_reach_the_engine_exactly_in_buffers_of_its_own(tmp_path, data_path):
     socket_path = tmp_path / "kv.sock"
@@ -155,14 +168,8 @@ def test_an_engine_that_leaves_early_frees_the_transfer_on_the_receiver(tmp_path
                 with pytest.raises(TransferRefused):  # the sender learns it from the receiver
                     await the_rest()
             # The receiver keeps serving: a second transfer reaches a second engine.
-            again = make_header({"l0": 1000})
-            engine2 = asyncio.create_task(read_through(socket_path, again.transfer_id))
-            await asyncio.sleep(0.05)
-            async with open_transfer(target, again, SMALL, INSECURE) as tx:
-                await tx.send_layer("l0", b"y" * 1000)
-                await tx.finish()
-            _, segments = await engine2
-            return freed, server.memory_in_use, b"".join(bytes(s.data) for s in segments)
+            second = await through_an_engine(socket_path, target, b"y" * 1000)
+            return freed, server.memory_in_use, second
 
     freed, memory, second = run(scenario())
 
@@ -220,20 +227,13 @@ def test_a_bad_request_is_answered_invalid_argument_and_the_receiver_keeps_servi
     async def scenario():
         async with receiver(local_socket=socket_path) as (_server, target):
             answer = await ask(socket_path, raw)
-            header = make_header({"l0": 10})
-            engine = asyncio.create_task(read_through(socket_path, header.transfer_id))
-            await asyncio.sleep(0.05)
-            async with open_transfer(target, header, SMALL, INSECURE) as tx:
-                await tx.send_layer("l0", b"z" * 10)
-                await tx.finish()
-            _, segments = await engine
-            return answer, segments
+            return answer, await through_an_engine(socket_path, target, b"z" * 10)
 
-    answer, segments = run(scenario())
+    answer, after = run(scenario())
 
     assert answer.error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert named in answer.error
-    assert b"".join(bytes(s.data) for s in segments) == b"z" * 10
+    assert after == b"z" * 10
 
 
 def frame(head: bytes, data_len: int | None = None, data: bytes = b"") -> bytes:
@@ -325,19 +325,11 @@ def test_concurrent_transfers_each_reach_their_own_engine(tmp_path):
     socket_path = tmp_path / "kv.sock"
     payloads = [os.urandom(300_000 + i) for i in range(4)]
 
-    async def one(target, data):
-        header = make_header({"l0": len(data)})
-        engine = asyncio.create_task(read_through(socket_path, header.transfer_id))
-        await asyncio.sleep(0.05)
-        async with open_transfer(target, header, SMALL, INSECURE) as tx:
-            await tx.send_layer("l0", data)
-            await tx.finish()
-        _, segments = await engine
-        return b"".join(bytes(s.data) for s in segments)
-
     async def scenario():
         async with receiver(local_socket=socket_path) as (server, target):
-            got = await asyncio.gather(*(one(target, data) for data in payloads))
+            got = await asyncio.gather(
+                *(through_an_engine(socket_path, target, data) for data in payloads)
+            )
             return got, server.memory_in_use
 
     got, memory = run(scenario())
