@@ -349,3 +349,23 @@ def test_the_local_socket_admits_only_its_owner_unless_told_otherwise(tmp_path, 
 
     assert run(scenario()) == expected
     assert not socket_path.exists()  # removed when the receiver stops
+
+
+def test_an_engine_reading_when_the_receiver_stops_is_told_at_once(tmp_path):
+    socket_path = tmp_path / "kv.sock"
+
+    async def scenario():
+        async with receiver(local_socket=socket_path) as (server, target):
+            header = make_header({"l0": 0})
+            engine = asyncio.create_task(read_through(socket_path, header.transfer_id))
+            async with open_transfer(target, header, SMALL, INSECURE) as tx:
+                await tx.send_layer("l0", b"x" * 1000, final=False)
+                await asyncio.sleep(0.2)  # the engine has the header and a segment
+                started = time.monotonic()
+                await server.stop(0.1)
+                with pytest.raises(TransferFailed, match="closed the stream mid-transfer"):
+                    await engine
+                await tx.cancel("receiver gone")
+                return time.monotonic() - started
+
+    assert run(scenario()) < 2.0
