@@ -45,7 +45,7 @@ from grpc_kv.bulk import MAX_HEAD, PREFIX, send_parts
 from grpc_kv.manifest import Fingerprint, TransferHeader, fingerprint_from_pb
 from grpc_kv.metrics import LinkMetrics
 from grpc_kv.protocol import pb
-from grpc_kv.store import FingerprintMismatch, Segment, TransferFailed, TransferReader
+from grpc_kv.store import Segment, TransferFailed, TransferReader, failure
 
 log = logging.getLogger("grpc_kv.local")
 
@@ -278,17 +278,11 @@ class _Frames:
         except DecodeError as exc:
             raise TransferFailed("local socket: malformed Segment head") from exc
         if msg.error:
-            raise _failure(msg)
+            raise failure(msg.error)
         # The data lands in a buffer of its own that the engine keeps: no copy after this.
         data = owned_buffer(data_len) if data_len else memoryview(b"")
         await _fill(self.sock, data)
         return msg, data
-
-
-def _failure(msg: Any) -> TransferFailed:
-    if "fingerprint mismatch" in msg.error:
-        return FingerprintMismatch(msg.error)
-    return TransferFailed(msg.error)
 
 
 class LocalReader:

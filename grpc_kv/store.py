@@ -73,6 +73,14 @@ class Segment:
     final: bool
 
 
+def failure(reason: str) -> TransferFailed:
+    """The exception a consumer gets for ``reason``: FingerprintMismatch when the sender's
+    model is not the one expected, TransferFailed otherwise (also used by the local socket's
+    engine side, which gets the reason as text)."""
+    cls = FingerprintMismatch if "fingerprint mismatch" in reason else TransferFailed
+    return cls(reason)
+
+
 def _immutable(data: bytes | memoryview) -> bool:
     """``bytes``, or a view of ``bytes`` (which keeps the whole object alive: for a payload
     cut out of a frame, a few dozen bytes more than the payload)."""
@@ -498,8 +506,7 @@ class TransferReader:
 
     def _failure(self) -> TransferFailed:
         reason = self._transfer.failed or "failed"
-        cls = FingerprintMismatch if "fingerprint mismatch" in reason else TransferFailed
-        return cls(f"transfer {self._transfer.transfer_id!r}: {reason}")
+        return failure(f"transfer {self._transfer.transfer_id!r}: {reason}")
 
     def __aiter__(self) -> AsyncIterator[Segment]:
         return self._segments()

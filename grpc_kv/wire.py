@@ -1,11 +1,9 @@
-"""Protobuf wire format by hand, for the fields that are megabytes: a Chunk's payload, and a
-Segment's data on its way to a consumer in another process.
+"""Protobuf wire format by hand, for the one field that is megabytes: a Chunk's payload.
 
 The sender appends the payload to the serialised small fields itself (one copy, not three);
 the receiver cuts it out of the received frame as a zero-copy view and lets protobuf parse
 only the small fields (parsing the whole frame would copy the payload twice: into the
-message, and again on every read of ``chunk.payload``). The local socket's Consume stream
-frames and cuts ``Segment.data`` the same way. Pure functions, non-blocking;
+message, and again on every read of ``chunk.payload``). Pure functions, non-blocking;
 a malformed frame raises :class:`FrameError` (the receiver answers INVALID_ARGUMENT).
 """
 
