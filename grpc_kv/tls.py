@@ -9,6 +9,7 @@ field; a peer outside the allowlist gets PERMISSION_DENIED.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import ssl
@@ -79,44 +80,81 @@ class TLSConfig:
             **kwargs,
         )
 
-    # -- file reading, cached by modification time (reload without restart) -------------
+    # -- file reading, cached by file identity (reload without restart) ------------------
     def _files(self) -> tuple[Path, Path, Path]:
         if self.ca_file is None or self.cert_file is None or self.key_file is None:
             raise ValueError("tls: ca_file, cert_file and key_file are required unless insecure")
         return self.ca_file, self.cert_file, self.key_file
 
-    def _stamp(self) -> tuple[float, ...]:
-        return tuple(os.stat(p).st_mtime_ns for p in self._files())
+    def _stamp(self) -> tuple[int, ...]:
+        # Inode and size as well as the modification time: a rotation by rename (mv, a
+        # Kubernetes Secret's symlink swap) or a copy that keeps the old mtime (cp -p) still
+        # reads as a change.
+        out: list[int] = []
+        for path in self._files():
+            st = os.stat(path)
+            out += (st.st_ino, st.st_size, st.st_mtime_ns)
+        return tuple(out)
 
-    def _material(self) -> tuple[bytes, bytes, bytes, bool]:
-        """(ca, cert, key, changed since the last call)."""
+    def _material(self) -> tuple[tuple[int, ...], tuple[bytes, bytes, bytes]]:
+        """(stamp, (ca, cert, key)) as on disk now, read again only when the files changed.
+        The cache is shared by every user of this config (the engine's KV listener and its
+        link pool hold the same one); each user keeps its own record of the stamp it last
+        used, so one user reading new files first never hides the change from another."""
         ca_file, cert_file, key_file = self._files()
         stamp = self._stamp()
         cached = self._state.get("material")
         if cached is not None and cached[0] == stamp:
-            return (*cached[1], False)
+            return cached
         material = (ca_file.read_bytes(), cert_file.read_bytes(), key_file.read_bytes())
         self._state["material"] = (stamp, material)
-        if cached is not None:
-            log.info("tls_reloaded cert_file=%s", self.cert_file)
-        return (*material, cached is not None)
+        return stamp, material
+
+    def _log_reload(self, use: str, cert: bytes) -> None:
+        serial, subject, not_after = certificate_summary(cert)
+        log.info(
+            "tls_reloaded use=%s cert_file=%s serial=%s subject=%s not_after=%s",
+            use,
+            self.cert_file,
+            serial,
+            subject,
+            not_after,
+        )
 
     # -- server side ---------------------------------------------------------------------
     def server_credentials(self) -> grpc.ServerCredentials:
-        """Server credentials requiring a client certificate signed by the CA; re-read
-        from disk at the next handshake after the files change."""
-        ca, cert, key, _ = self._material()
+        """Server credentials requiring a client certificate signed by the CA. gRPC asks
+        for a new configuration at every handshake; files changed on disk are served from
+        the next handshake on (connections already open keep theirs: a transfer in flight
+        is not disturbed). A certificate that does not match its key (a rotation caught
+        between the two files) is not taken: the old pair serves until the new one is
+        whole."""
+        stamp, (ca, cert, key) = self._material()
+        served = {"stamp": stamp, "deferred": None}
 
         def config(ca: bytes, cert: bytes, key: bytes) -> Any:
             return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
 
         def fetch() -> Any:
             try:
-                ca, cert, key, changed = self._material()
+                stamp, (ca, cert, key) = self._material()
             except OSError as exc:  # mid-rotation: keep serving with the old files
-                log.warning("tls_reload_failed error=%s", exc)
+                log.warning("tls_reload_failed use=grpc_server error=%s", exc)
                 return None
-            return config(ca, cert, key) if changed else None
+            if stamp == served["stamp"]:
+                return None
+            if not pair_matches(cert, key):
+                if served["deferred"] != stamp:  # once per state of the files, not per peer
+                    served["deferred"] = stamp
+                    log.warning(
+                        "tls_reload_deferred use=grpc_server cert_file=%s "
+                        "reason=certificate_does_not_match_key",
+                        self.cert_file,
+                    )
+                return None
+            served["stamp"] = stamp
+            self._log_reload("grpc_server", cert)
+            return config(ca, cert, key)
 
         return grpc.dynamic_ssl_server_credentials(
             config(ca, cert, key), fetch, require_client_authentication=True
@@ -139,16 +177,27 @@ class TLSConfig:
             for key in ("x509_common_name", "x509_subject_alternative_name")
             for value in auth.get(key, [])
         ]
-        return self.check_names(names)
+        subject = b",".join(auth.get("x509_subject", [])).decode(errors="replace")
+        return self.check_names(names, subject=subject or None)
 
-    def check_names(self, names: Sequence[str]) -> str:
+    def check_peercert(self, cert: dict[str, Any] | None) -> str:
+        """:meth:`check_names` for a peer certificate as ``SSLObject.getpeercert()`` returns
+        it (the bulk data path), with its subject in the refusal."""
+        return self.check_names(peercert_names(cert), subject=peercert_subject(cert))
+
+    def check_names(self, names: Sequence[str], subject: str | None = None) -> str:
         """The peer's identity (the first of its certificate's names) or PeerRejected when
         it has none or an allowlist is set and names none of them. Shared by gRPC and the
-        bulk data path, so both admit exactly the same peers."""
+        bulk data path, so both admit exactly the same peers. The refusal's message names
+        the certificate's ``subject`` (``CN=...``) and every name it carries, so the
+        receiver's ``peer_rejected`` log line says exactly who was turned away."""
         if not names:
             raise PeerRejected("no client certificate")
         if self.allowed_peers is not None and not set(names) & set(self.allowed_peers):
-            raise PeerRejected(f"peer {names[0]!r} is not on the allowlist")
+            raise PeerRejected(
+                f"peer {names[0]!r} is not on the allowlist (certificate "
+                f"{subject or 'subject unknown'}; names {', '.join(dict.fromkeys(names))})"
+            )
         return names[0]
 
     # -- the bulk data path (Python's ssl, not grpc's) -----------------------------------
@@ -166,16 +215,29 @@ class TLSConfig:
         proto = ssl.PROTOCOL_TLS_SERVER if server_side else ssl.PROTOCOL_TLS_CLIENT
         ctx = ssl.SSLContext(proto)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.load_cert_chain(cert_file, key_file)
-        ctx.load_verify_locations(cafile=ca_file)
+        try:
+            ctx.load_cert_chain(cert_file, key_file)
+            ctx.load_verify_locations(cafile=ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            if cached is None:
+                raise
+            # A rotation caught half-way (the certificate replaced, its key not yet): keep
+            # the context that worked; the next connection tries again.
+            log.warning("tls_reload_deferred use=%s cert_file=%s error=%s", key, cert_file, exc)
+            return cached[1]
         ctx.verify_mode = ssl.CERT_REQUIRED
         self._state[key] = (stamp, ctx)
+        if cached is not None:
+            with contextlib.suppress(OSError):
+                self._log_reload(
+                    "bulk_server" if server_side else "bulk_client", cert_file.read_bytes()
+                )
         return ctx
 
     # -- client side ---------------------------------------------------------------------
     def channel_credentials(self) -> grpc.ChannelCredentials:
         """Client credentials from the current files (a new channel picks up new files)."""
-        ca, cert, key, _ = self._material()
+        _, (ca, cert, key) = self._material()
         return grpc.ssl_channel_credentials(
             root_certificates=ca, private_key=key, certificate_chain=cert
         )
@@ -190,6 +252,31 @@ class TLSConfig:
         return grpc.aio.secure_channel(target, self.channel_credentials(), options=opts)
 
 
+#: ``getpeercert()`` attribute names -> the short names of RFC 4514 (what gRPC's
+#: ``x509_subject`` uses).
+_RDN_SHORT = {
+    "commonName": "CN",
+    "organizationName": "O",
+    "organizationalUnitName": "OU",
+    "countryName": "C",
+    "stateOrProvinceName": "ST",
+    "localityName": "L",
+}
+
+
+def peercert_subject(cert: dict[str, Any] | None) -> str | None:
+    """The subject of a peer certificate from ``SSLObject.getpeercert()`` written as gRPC's
+    auth context writes it (``CN=node-a`` or ``CN=node-a,O=site``), None without one."""
+    if not cert or not cert.get("subject"):
+        return None
+    parts = [
+        f"{_RDN_SHORT.get(key, key)}={value}"
+        for rdn in reversed(cert["subject"])
+        for key, value in rdn
+    ]
+    return ",".join(parts)
+
+
 def peercert_names(cert: dict[str, Any] | None) -> list[str]:
     """Common name and subject alternative names of a peer certificate as returned by
     ``SSLObject.getpeercert()`` (the same names gRPC's auth context lists)."""
@@ -198,3 +285,34 @@ def peercert_names(cert: dict[str, Any] | None) -> list[str]:
     names = [value for rdn in cert.get("subject", ()) for key, value in rdn if key == "commonName"]
     names += [value for _kind, value in cert.get("subjectAltName", ())]
     return names
+
+
+def pair_matches(cert: bytes, key: bytes) -> bool:
+    """Whether a PEM certificate holds the public half of a PEM private key (False for
+    anything unparsable: a file caught half-written)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        public = x509.load_pem_x509_certificate(cert).public_key()
+        private = serialization.load_pem_private_key(key, password=None)
+    except (ValueError, TypeError):
+        return False
+    encoding, fmt = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    return public.public_bytes(encoding, fmt) == private.public_key().public_bytes(encoding, fmt)
+
+
+def certificate_summary(cert: bytes) -> tuple[str, str, str]:
+    """(serial in hex, subject, notAfter in ISO 8601) of a PEM certificate, for logs; "?"
+    fields when it does not parse."""
+    from cryptography import x509
+
+    try:
+        parsed = x509.load_pem_x509_certificate(cert)
+    except ValueError:
+        return "?", "?", "?"
+    return (
+        format(parsed.serial_number, "x"),
+        parsed.subject.rfc4514_string(),
+        parsed.not_valid_after_utc.isoformat(),
+    )
