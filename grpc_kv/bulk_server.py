@@ -34,7 +34,7 @@ from grpc_kv.metrics import LinkMetrics
 from grpc_kv.options import ReceiverOptions
 from grpc_kv.protocol import PROTOCOL_VERSION, pb
 from grpc_kv.store import ROLE, BeginRefused, ChunkRejected, TransferStore, decode_chunk
-from grpc_kv.tls import PeerRejected, TLSConfig, peercert_names
+from grpc_kv.tls import PeerRejected, TLSConfig
 
 log = logging.getLogger("grpc_kv.bulk")
 
@@ -208,7 +208,7 @@ class _BulkConnection(asyncio.BufferedProtocol):
         self.transport = tls
         tls.set_protocol(self)
         try:
-            self.server.tls.check_names(peercert_names(tls.get_extra_info("peercert")))
+            self.server.tls.check_peercert(tls.get_extra_info("peercert"))
         except PeerRejected as exc:
             self.metrics.rejected_peers.labels(ROLE, "not_allowed").inc()
             log.warning("peer_rejected peer=%s path=bulk reason=%s", self.peer, exc)
@@ -360,8 +360,9 @@ class _BulkConnection(asyncio.BufferedProtocol):
         if codec is None:
             raise ChunkRejected(f"chunk.codec {chunk.codec} is unknown")
         transfer = self.store.lookup(chunk.transfer_id)
-        # Everything that can be refused from the head is refused before a payload byte is
-        # read or a buffer is sized for it (oversize, longer than declared, unknown layer).
+        # Every bound is checked before a payload byte is read or a buffer is sized for it
+        # (oversize, longer than its raw length allows); where the chunk lands (its layer,
+        # its offset) only once its checksum, which covers those fields, has passed.
         self.store.check_chunk(transfer, chunk)
         if self.payload_len > max_payload(codec, chunk.raw_length):
             raise ChunkRejected(
@@ -407,8 +408,14 @@ class _BulkConnection(asyncio.BufferedProtocol):
         self._expect("prefix", PREFIX.size)
 
     def _decode_args(self, chunk: Any, payload: memoryview) -> tuple[Any, ...]:
-        kind = self.store.lookup(self.transfer_id).checksum_kind
-        return (chunk, payload, kind, self.server.options.max_chunk_bytes)
+        transfer = self.store.lookup(self.transfer_id)
+        return (
+            chunk,
+            payload,
+            transfer.checksum_kind,
+            self.server.options.max_chunk_bytes,
+            transfer.header_digest,
+        )
 
     def _decode(self, chunk: Any, payload: memoryview, raw: Any) -> None:
         transfer = self.store.lookup(self.transfer_id)
