@@ -24,6 +24,15 @@ def _pool_doc(pool: Any) -> dict[str, Any]:
     }
 
 
+def resolve_allowed_peers(prefill_docs: list[dict[str, Any]], extra: list[str]) -> list[str]:
+    """Who may send KV to the deployment's receivers (the decode engines' KV listeners and the
+    kv-link): every prefill pool's node by its hostname -- the name its certificate carries,
+    as the orchestrator already checks when it dials that node's agent -- and the operator's
+    ``extra_allowed_peers``; sorted, each once."""
+    nodes = {node["hostname"] for pool in prefill_docs for node in pool["nodes"]}
+    return sorted(nodes | set(extra))
+
+
 def build_config(deployment: Deployment) -> dict[str, Any]:
     """The config document for the deployment's current rows (without ``version`` and
     ``created_at``, which belong to the snapshot)."""
@@ -37,6 +46,8 @@ def build_config(deployment: Deployment) -> dict[str, Any]:
         .order_by("from_site__name", "to_site__name")
     )
     model = deployment.model
+    prefill_docs = [_pool_doc(p) for p in prefill]
+    extra = list(deployment.extra_allowed_peers or [])
     return {
         "deployment": {"id": deployment.pk, "name": deployment.name, "state": deployment.state},
         "model": {
@@ -63,11 +74,14 @@ def build_config(deployment: Deployment) -> dict[str, Any]:
             "retry": deployment.retry,
             "timeout_ms": deployment.timeout_ms,
             "mode": deployment.kv_mode,
+            "extra_allowed_peers": extra,
+            # Resolved: what the orchestrator passes to every KV receiver it launches.
+            "allowed_peers": resolve_allowed_peers(prefill_docs, extra),
         },
         "prefill": {"chunked_prefill_tokens": deployment.chunked_prefill_tokens},
         "pools": {
             "decode": _pool_doc(decode) if decode else None,
-            "prefill": [_pool_doc(p) for p in prefill],
+            "prefill": prefill_docs,
         },
         "links": [
             {

@@ -5,6 +5,7 @@ the immutable numbered snapshots of that configuration."""
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -12,6 +13,26 @@ from console.catalog.models import validate_json_object
 from console.core.models import Timestamped
 from console.deployments.choices import Compression, DeploymentState, KvMode, PoolRole
 from console.inventory.models import name_validator, validate_fraction
+
+#: The longest certificate name accepted in an allowlist (a DNS name's limit).
+PEER_NAME_MAX = 253
+
+
+def validate_peer_names(value: object) -> None:
+    """A list of certificate names (CN or SAN): non-empty strings without leading or trailing
+    whitespace (a pasted name that could never match), at most 253 characters, no duplicates."""
+    if not isinstance(value, list):
+        raise ValidationError("Must be a list of certificate names (CN or SAN).")
+    for index, name in enumerate(value):
+        if not isinstance(name, str) or not name.strip():
+            raise ValidationError(f"Item {index}: must be a non-empty string, got {name!r}.")
+        if name != name.strip():
+            raise ValidationError(f"Item {index}: {name!r} has leading or trailing whitespace.")
+        if len(name) > PEER_NAME_MAX:
+            raise ValidationError(f"Item {index}: longer than {PEER_NAME_MAX} characters.")
+    duplicates = sorted({n for n in value if value.count(n) > 1})
+    if duplicates:
+        raise ValidationError(f"Listed more than once: {', '.join(duplicates)}.")
 
 
 class Deployment(Timestamped):
@@ -97,6 +118,15 @@ class Deployment(Timestamped):
         default=KvMode.PUSH,
         help_text="push: pdbridge engines (both legs at once); pull: vLLM's built-in connectors "
         "(prefill first, its kv_transfer_params handed to the decode leg).",
+    )
+    extra_allowed_peers = models.JSONField(
+        verbose_name="extra KV senders",
+        default=list,
+        blank=True,
+        validators=[validate_peer_names],
+        help_text="Certificate names (CN or SAN) allowed to send KV to this deployment's "
+        "receivers (the decode engines' KV listeners and the kv-link) besides the prefill "
+        "pools' nodes, which are always allowed.",
     )
     # prefill
     chunked_prefill_tokens = models.PositiveIntegerField(

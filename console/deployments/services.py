@@ -75,6 +75,7 @@ def snapshot_write(*, actor: Actor, deployment: Deployment, reason: str) -> Conf
         "deployment_config_version",
         extra={"deployment": deployment.pk, "version": version, "reason": reason},
     )
+    _audit_allowlist(actor, deployment, latest.config if latest else None, config, reason)
     return ConfigSnapshot.objects.create(
         deployment=deployment,
         version=version,
@@ -83,6 +84,43 @@ def snapshot_write(*, actor: Actor, deployment: Deployment, reason: str) -> Conf
         reason=reason[:200],
         author=user,
         author_label=user.get_username() if user else "system",
+    )
+
+
+def _audit_allowlist(
+    actor: Actor,
+    deployment: Deployment,
+    old: dict[str, Any] | None,
+    new: dict[str, Any],
+    reason: str,
+) -> None:
+    """An audit entry (verb ``kv_allowlist``, shown on the security page) whenever the resolved
+    KV allowlist changes -- whatever changed it: the operator's ``extra_allowed_peers``, a
+    prefill pool's nodes, a node's hostname, a restore."""
+    before = (old or {}).get("kv_transfer", {}).get("allowed_peers", [])
+    after = new["kv_transfer"]["allowed_peers"]
+    if before == after:
+        return
+    audit_record(
+        actor=actor,
+        action=AuditAction.ACTION,
+        verb="kv_allowlist",
+        instance=deployment,
+        before={"allowed_peers": before},
+        after={
+            "allowed_peers": after,
+            "extra_allowed_peers": new["kv_transfer"]["extra_allowed_peers"],
+            "reason": reason[:200],
+        },
+    )
+    logger.info(
+        "deployment_kv_allowlist",
+        extra={
+            "deployment": deployment.pk,
+            "added": sorted(set(after) - set(before)),
+            "removed": sorted(set(before) - set(after)),
+            "reason": reason,
+        },
     )
 
 
@@ -187,6 +225,9 @@ def deployment_restore(
     fields: dict[str, Any] = {}
     for section in SETTING_SECTIONS:
         fields.update(config[section])
+    # Derived from the pools, not a setting; a version from before the field had no extras.
+    fields.pop("allowed_peers", None)
+    fields.setdefault("extra_allowed_peers", [])
     model = ModelSpec.objects.filter(name=config["model"]["name"]).first()
     if model is None:
         raise Conflict(f"Cannot restore: model {config['model']['name']} no longer exists.")

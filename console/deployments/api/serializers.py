@@ -4,6 +4,8 @@ from typing import Any
 
 from rest_framework import serializers
 
+from console.deployments.choices import PoolRole
+from console.deployments.config import resolve_allowed_peers
 from console.deployments.models import ConfigSnapshot, Deployment, Pool
 from console.inventory.models import Node
 
@@ -21,6 +23,7 @@ DEPLOYMENT_SETTINGS = [
     "retry",
     "timeout_ms",
     "kv_mode",
+    "extra_allowed_peers",
     "chunked_prefill_tokens",
 ]
 
@@ -60,6 +63,10 @@ class PoolSummarySerializer(serializers.ModelSerializer):
 
 class DeploymentSerializer(serializers.ModelSerializer):
     pools = PoolSummarySerializer(many=True, read_only=True)
+    allowed_peers = serializers.SerializerMethodField(
+        help_text="Who may send KV to this deployment's receivers, resolved: the prefill pools' "
+        "nodes (their hostnames) and extra_allowed_peers."
+    )
 
     class Meta:
         model = Deployment
@@ -71,11 +78,20 @@ class DeploymentSerializer(serializers.ModelSerializer):
             "state",
             "version",
             *DEPLOYMENT_SETTINGS,
+            "allowed_peers",
             "pools",
             "created_at",
             "updated_at",
         ]
         read_only_fields = ["state", "version", "kill_switch", "created_at", "updated_at"]
+
+    def get_allowed_peers(self, deployment: Deployment) -> list[str]:
+        prefill = [
+            {"nodes": [{"hostname": n.hostname} for n in pool.nodes.all()]}
+            for pool in deployment.pools.all()
+            if pool.role == PoolRole.PREFILL
+        ]
+        return resolve_allowed_peers(prefill, list(deployment.extra_allowed_peers or []))
 
 
 class SnapshotSerializer(serializers.ModelSerializer):

@@ -55,6 +55,8 @@ def test_config_document_follows_the_contract(api_as, world):
         "retry": 3,
         "timeout_ms": 4000,
         "mode": "push",
+        "extra_allowed_peers": [],
+        "allowed_peers": ["pre-1"],
     }
     assert body["prefill"] == {"chunked_prefill_tokens": 2048}
     assert body["pools"] == {
