@@ -27,6 +27,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agents.engines.base import PULL_PREFILL_KV, pulled_kv_params, push_kv_params
+from agents.gateway.access import ClientKeys, admit
 from agents.gateway.budget import FallbackBudget
 from agents.gateway.config import DeploymentConfig, GatewaySettings, Instance
 from agents.gateway.decision import Decision
@@ -70,7 +71,10 @@ class Rejected(Exception):
 
 
 def _rejects_request(error: LegError) -> bool:
-    return error.status is not None and 400 <= error.status < 500 and error.status not in (408, 429)
+    # 401/403: the engine refused the gateway's engine key, not the client's request.
+    return error.status is not None and 400 <= error.status < 500 and error.status not in (
+        401, 403, 408, 429,
+    )  # fmt: skip
 
 
 def _leg_error_response(error: LegError, path: str, request_id: str) -> web.Response:
@@ -120,11 +124,14 @@ class Gateway:
         settings: GatewaySettings,
         router: Router | None = None,
         upstream_ssl: ssl.SSLContext | None = None,
+        keys: ClientKeys | None = None,
+        engine_api_key: str | None = None,
     ) -> None:
         self.settings = settings
         self.router = router or Router(settings)
         self.metrics = GatewayMetrics()
-        self.upstream = Upstream(settings.connect_timeout_s, upstream_ssl)
+        self.keys = keys or ClientKeys(require=settings.require_client_keys)
+        self.upstream = Upstream(settings.connect_timeout_s, upstream_ssl, engine_api_key)
         block = settings.prefix_block_tokens
         self.prefix_text = PrefixIndex(
             max(int(block * settings.chars_per_token), 1), settings.prefix_index_blocks
@@ -155,6 +162,9 @@ class Gateway:
         return web.json_response({"status": "ok", "config_version": config.version})
 
     async def models(self, request: web.Request) -> web.Response:
+        refused = admit(self.keys, self.metrics, request.headers)
+        if refused is not None:
+            return refused
         config = self.router.config
         data = [] if config is None else [
             {"id": config.model_name, "object": "model", "created": 0, "owned_by": "pdbridge"}
@@ -242,6 +252,9 @@ class Gateway:
         request_id = headers.get("x-request-id") or os.urandom(16).hex()
         request_id_var.set(request_id)
         base_headers = {"x-request-id": request_id}
+        refused = admit(self.keys, self.metrics, headers, base_headers)
+        if refused is not None:
+            return refused
         config = self.router.config
         if config is None:
             return _json(

@@ -4,7 +4,8 @@ Either ``--deployment ID --console URL`` (poll the console's config snapshot; th
 from ``--token`` or ``PDBRIDGE_GATEWAY_TOKEN``) or ``--config FILE`` (a static snapshot, as
 the console would serve it). Knobs: ``--settings FILE`` (YAML, see docs/gateway.md).
 TLS by default: serving needs ``--tls-cert/--tls-key`` and an ``https://`` console URL, unless
-``--insecure`` is given explicitly. Never imports Django.
+``--insecure`` is given explicitly. Client API keys and the engines' key come from the
+environment (``agents.gateway.access``). Never imports Django.
 """
 
 from __future__ import annotations
@@ -116,14 +117,22 @@ async def _run(
     ssl_client: ssl.SSLContext | None,
 ) -> int:
     # Imported here: aiohttp's server stack is only needed once arguments are valid.
+    from agents.gateway.access import AccessPoller, ClientKeys, engine_api_key
     from agents.gateway.app import Gateway
     from agents.gateway.config import GatewaySettings
     from agents.gateway.poller import ConfigPoller
     from agents.gateway.server import serve_forever
 
     assert isinstance(settings, GatewaySettings)  # noqa: S101 - narrowing for mypy
-    gateway = Gateway(settings, upstream_ssl=ssl_client)
-    poller = None
+    try:
+        # Secrets from the environment or files it names, never from the settings file.
+        keys = ClientKeys.from_environ(os.environ, require=settings.require_client_keys)
+        engine_key = engine_api_key(os.environ)
+    except ConfigError as error:
+        print(f"pdbridge gateway: {error}", file=sys.stderr)
+        return 2
+    gateway = Gateway(settings, upstream_ssl=ssl_client, keys=keys, engine_api_key=engine_key)
+    poller = access = None
     if args.config is not None:
         try:
             gateway.apply(load_snapshot_file(args.config))
@@ -141,5 +150,14 @@ async def _run(
             on_result=lambda result: gateway.metrics.config_polls.labels(result).inc(),
             ssl_context=ssl_client,
         )
-    await serve_forever(gateway, poller=poller, ssl_server=ssl_server)
+        access = AccessPoller(
+            console_url=args.console,
+            deployment_id=args.deployment,
+            token=args.token,
+            interval_s=settings.poll_interval_s,
+            state_dir=Path(settings.state_dir),
+            keys=keys,
+            ssl_context=ssl_client,
+        )
+    await serve_forever(gateway, poller=poller, ssl_server=ssl_server, access=access)
     return 0

@@ -313,6 +313,10 @@ class GatewaySettings:
     #: on aiohttp's. Same behaviour both ways; the fast path costs about half the CPU per
     #: request (docs/gateway.md, "The relay's hot path").
     fast_server: bool = True
+    #: Refuse requests without a valid client API key (401), whatever the console says; the
+    #: console's per-deployment ``require_client_keys`` turns it on too. Off: keys are
+    #: optional (docs/gateway.md, "Client keys").
+    require_client_keys: bool = False
 
     def breaker(self, error_rate_limit: float, latency_p99_limit_ms: float) -> BreakerSettings:
         """Breaker settings combining the snapshot's limits with these knobs."""

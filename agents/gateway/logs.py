@@ -1,6 +1,7 @@
 """Structured logs for the gateway: one JSON object per line, the event name as ``event``, the
-call's ``extra`` fields, and the current request's id (from a context variable the request
-handler sets), so that a request can be followed through every line it caused."""
+call's ``extra`` fields, and the current request's id and client key name (from context
+variables the request handler sets), so that a request can be followed through every line it
+caused."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from typing import Any
 
 #: The x-request-id of the request the current task serves ("" outside requests).
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="")
+#: The name of the current request's client API key ("anonymous" when keys are optional and
+#: it sent none; "" outside requests). Never the key itself.
+client_key_var: contextvars.ContextVar[str] = contextvars.ContextVar("client_key", default="")
 
 # Attributes every LogRecord has; anything else came from ``extra=``.
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
@@ -31,6 +35,9 @@ class JsonFormatter(logging.Formatter):
         request_id = request_id_var.get()
         if request_id:
             doc["request_id"] = request_id
+        client_key = client_key_var.get()
+        if client_key:
+            doc["client_key"] = client_key
         for key, value in record.__dict__.items():
             if key not in _STANDARD:
                 doc[key] = value

@@ -7,6 +7,8 @@ dictionary lookups and increments, not label resolution.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from agents.gateway.decision import REASONS
@@ -110,6 +112,17 @@ class GatewayMetrics:
             "pdbridge_gateway_site_link_utilization_ratio",
             "Estimated fraction of the site's link bandwidth in use.", ["site"], registry=r,
         )  # fmt: skip
+        self.client_requests = Counter(
+            "pdbridge_gateway_client_requests", "Requests admitted, by client key name "
+            "('anonymous': keys optional and none valid sent).", ["key"], registry=r,
+        )  # fmt: skip
+        self.client_key_refusals = Counter(
+            "pdbridge_gateway_client_key_refusals", "Requests refused with 401, by reason "
+            "(missing: no key sent; invalid: not a key the gateway knows).", ["reason"],
+            registry=r,
+        )  # fmt: skip
+        self._client_requests: dict[str, Any] = {}
+        self._refusals = {c: self.client_key_refusals.labels(c) for c in ("missing", "invalid")}
         self._requests = {(p, o): self.requests.labels(p, o) for p in PATHS for o in OUTCOMES}
         self._decisions = {
             (p, reason): self.decisions.labels(p, reason)
@@ -121,6 +134,16 @@ class GatewayMetrics:
         self._tpot = {p: self.tpot.labels(p) for p in PATHS}
         self._e2e = {p: self.e2e.labels(p) for p in PATHS}
         self._inflight = {p: self.inflight.labels(p) for p in PATHS}
+
+    def client_request(self, key: str) -> None:
+        """A request admitted under client key ``key`` (a name: bounded by the operators)."""
+        child = self._client_requests.get(key)
+        if child is None:
+            child = self._client_requests[key] = self.client_requests.labels(key)
+        child.inc()
+
+    def client_key_refused(self, reason: str) -> None:
+        self._refusals[reason].inc()
 
     def decision(self, path: str, reason: str) -> None:
         self._decisions[(path, reason)].inc()

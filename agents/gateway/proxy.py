@@ -451,10 +451,18 @@ class _Target:
 class Upstream:
     """The HTTP client for engine legs (one per gateway process, event-loop only)."""
 
-    def __init__(self, connect_timeout_s: float, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        connect_timeout_s: float,
+        ssl_context: ssl.SSLContext | None = None,
+        api_key: str | None = None,
+    ) -> None:
         self.connect_timeout_s = connect_timeout_s
         # For https engine URLs: a CA bundle and client certificate (mTLS); None: system CAs.
         self.ssl_context = ssl_context
+        # The engines' own API key (vLLM --api-key), sent on every leg; the client's
+        # Authorization is never forwarded (the fixed headers are the gateway's own).
+        self._auth = b"Authorization: Bearer %b\r\n" % api_key.encode("ascii") if api_key else b""
         self._pool = _Pool()
         self._targets: dict[str, _Target] = {}
 
@@ -476,6 +484,7 @@ class Upstream:
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         netloc = parts.netloc.rsplit("@", 1)[-1]
         head = f"POST {path} HTTP/1.1\r\nHost: {netloc}\r\n".encode("latin-1") + _HEADERS
+        head += self._auth
         target = _Target((parts.hostname, port, tls), parts.hostname, port, tls, head)
         if len(self._targets) >= 1024:  # engine URLs change with configs: keep it bounded
             self._targets.clear()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
+from agents.gateway.access import AccessPoller
 from agents.gateway.app import Gateway, build_app
 from agents.gateway.fastpath import FastServer
 from agents.gateway.poller import ConfigPoller
@@ -112,13 +113,17 @@ async def start(
     *,
     poller: ConfigPoller | None = None,
     ssl_server: ssl.SSLContext | None = None,
+    access: AccessPoller | None = None,
 ) -> RunningGateway:
-    """Load the first config (poller: console, else last good on disk), listen, start loops.
-    A gateway without any config still starts: it answers 503 until one arrives."""
+    """Load the first config (poller: console, else last good on disk) and the client keys
+    (``access``: the same), listen, start loops. A gateway without any config still starts:
+    it answers 503 until one arrives."""
     settings = gateway.settings
     session = aiohttp.ClientSession()
     if poller is not None and not await poller.start(session):
         log.error("gateway.no_config", extra={"url": poller.url})
+    if access is not None and not await access.start(session):
+        log.warning("gateway.no_console_client_keys", extra={"url": access.url})
     app = build_app(gateway)
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
     await runner.setup()
@@ -150,6 +155,16 @@ async def start(
 
     if poller is not None:
         running.tasks.append(asyncio.create_task(poller.run(session)))
+    if access is not None:
+        running.tasks.append(asyncio.create_task(access.run(session)))
+    if gateway.keys.keys_file is not None:
+
+        async def reload_keys() -> None:
+            gateway.keys.reload_file()
+
+        running.tasks.append(
+            asyncio.create_task(_every(settings.poll_interval_s, reload_keys, "client_keys"))
+        )
     if settings.scrape_interval_s > 0:
         running.tasks.append(
             asyncio.create_task(
@@ -167,16 +182,21 @@ async def start(
             "port": port,
             "event_loop": loop.__module__.split(".")[0],
             "fast_server": fast is not None,
+            "client_keys_required": gateway.keys.required,
         },
     )
     return running
 
 
 async def serve_forever(
-    gateway: Gateway, *, poller: ConfigPoller | None, ssl_server: ssl.SSLContext | None
+    gateway: Gateway,
+    *,
+    poller: ConfigPoller | None,
+    ssl_server: ssl.SSLContext | None,
+    access: AccessPoller | None = None,
 ) -> None:
     """Run until SIGINT/SIGTERM, then stop gracefully."""
-    running = await start(gateway, poller=poller, ssl_server=ssl_server)
+    running = await start(gateway, poller=poller, ssl_server=ssl_server, access=access)
     # What exists now (modules, config, metric families) lives as long as the process: kept
     # out of the collector, a full collection walks only the in-flight requests' objects, so
     # its pause (which every open stream feels as inter-token delay) stays short.

@@ -4,6 +4,7 @@ token check. A real aiohttp server on loopback; it records every poll."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -16,6 +17,9 @@ class ConsoleDouble:
         self.token = token
         self.polls: list[tuple[str | None, int]] = []
         self.fail_status: int | None = None
+        #: The client-key document (``/gateway-access/``); None answers 404 (an older console).
+        self.access: dict[str, Any] | None = None
+        self.access_polls: list[tuple[str | None, int]] = []
         self.runner: web.AppRunner | None = None
         self.url = ""
 
@@ -27,6 +31,7 @@ class ConsoleDouble:
     async def start(self, ssl_context: Any = None) -> ConsoleDouble:
         app = web.Application()
         app.router.add_get("/api/deployments/{id}/config/", self.config)
+        app.router.add_get("/api/deployments/{id}/gateway-access/", self.gateway_access)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=ssl_context).start()
@@ -53,3 +58,18 @@ class ConsoleDouble:
         return web.Response(
             body=json.dumps(self.snapshot), content_type="application/json", headers={"ETag": etag}
         )
+
+    async def gateway_access(self, request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != f"Bearer {self.token}":
+            return web.json_response({"detail": "bad token"}, status=401)
+        seen = request.headers.get("If-None-Match")
+        if self.access is None:
+            self.access_polls.append((seen, 404))
+            return web.json_response({"detail": "Not found."}, status=404)
+        body = json.dumps(self.access, sort_keys=True)
+        etag = f'"{hashlib.sha256(body.encode()).hexdigest()[:16]}"'
+        if seen == etag:
+            self.access_polls.append((seen, 304))
+            return web.Response(status=304, headers={"ETag": etag})
+        self.access_polls.append((seen, 200))
+        return web.Response(body=body, content_type="application/json", headers={"ETag": etag})
