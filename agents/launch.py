@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import importlib
 import json
+import os
 import re
 import socket
 import sys
@@ -120,7 +121,7 @@ def health_host(host: str) -> str:
 
 # Engine settings that choose what runs and with which environment: an authenticated
 # controller still must not be able to run an arbitrary program (or LD_PRELOAD one) on a node.
-NODE_ONLY = frozenset({"executable", "env"})
+NODE_ONLY = frozenset({"executable", "env", "api_key"})
 
 
 class EngineRegistryAdapter(ChildAdapter):
@@ -135,6 +136,7 @@ class EngineRegistryAdapter(ChildAdapter):
         self.config = config
 
     def plan(self, spec: ChildSpec, port: int, snapshot_path: str) -> LaunchPlan:
+        from agents.engines.apikey import engine_api_key
         from agents.engines.base import AdapterError, EngineSpec, get_adapter
 
         allowed = {f.name for f in dataclasses.fields(EngineSpec)} - {"role"} - NODE_ONLY
@@ -151,6 +153,11 @@ class EngineRegistryAdapter(ChildAdapter):
             values["executable"] = list(executable)
         if "model" not in values:
             raise LaunchError("settings.model", "required")
+        try:
+            # The engines' API key is the node's secret (environment or a secret file).
+            values["api_key"] = engine_api_key(os.environ)
+        except ValueError as exc:
+            raise LaunchError("engine", str(exc)) from None
         try:
             engine_spec = EngineSpec(role=self.ROLES[spec.kind], port=port, **values)
             adapter = get_adapter(self.engine)(engine_spec)

@@ -116,6 +116,9 @@ class EngineSpec:
     executable: list[str] = field(default_factory=list)
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    #: The engine's API key (vLLM ``--api-key``): set by the node agent from its environment
+    #: (``agents.engines.apikey``), never over the wire; kept out of ``repr``.
+    api_key: str | None = field(default=None, repr=False)
 
     def validate(self) -> None:
         if self.role not in ROLES:
@@ -166,7 +169,11 @@ class EngineAdapter(ABC):
 
     def environment(self) -> dict[str, str]:
         """Variables added to (or, with an empty value, removed from) the parent's environment."""
-        return dict(self.spec.env)
+        env = dict(self.spec.env)
+        if self.spec.api_key:
+            # Both engines read vLLM's variable (an argument would show in ps).
+            env.setdefault("VLLM_API_KEY", self.spec.api_key)
+        return env
 
     def start(self, stdout: Any = None, stderr: Any = None) -> None:
         env = dict(os.environ)

@@ -14,6 +14,7 @@ import gc
 import ipaddress
 import json
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -134,7 +135,31 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--insecure", action="store_true", help="allow plaintext HTTP on a non-loopback address"
     )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1/ (as vLLM; default: $VLLM_API_KEY)",
+    )
+    p.add_argument("--api-key-file", type=Path, help="read the API key from this file")
     return p
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """The engine's API key: ``--api-key``, else ``--api-key-file``, else ``VLLM_API_KEY``
+    (None: no key, every request served). Raises ServeError naming the option."""
+    if args.api_key and args.api_key_file:
+        raise ServeError("--api-key and --api-key-file: choose one")
+    key = args.api_key
+    if args.api_key_file:
+        try:
+            key = args.api_key_file.read_text()
+        except OSError as exc:
+            raise ServeError(f"--api-key-file: {exc}") from exc
+    if key is None:
+        key = os.environ.get("VLLM_API_KEY") or None
+    if key is not None and not key.strip():
+        raise ServeError("--api-key: must not be empty")
+    return key.strip() if key is not None else None
 
 
 def link_options(args: argparse.Namespace) -> Any:
@@ -169,6 +194,7 @@ def check_args(args: argparse.Namespace) -> None:
         )
     if args.chunked_prefill_tokens < 1 or args.max_num_seqs < 1 or args.threads < 1:
         raise ServeError("--chunked-prefill-tokens, --max-num-seqs, --threads: must be >= 1")
+    api_key(args)
 
 
 def load_models(args: argparse.Namespace) -> dict[str, Any]:
@@ -298,6 +324,7 @@ async def start_serving(
         chunked_prefill_tokens=args.chunked_prefill_tokens,
         max_num_seqs=args.max_num_seqs,
         threads=args.threads,
+        api_key=api_key(args),
     )
     engine = ReferenceEngine(models, settings, receiver, open_sender)
     runner = web.AppRunner(engine.app(), access_log=None)

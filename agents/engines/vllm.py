@@ -84,6 +84,10 @@ class VllmAdapter(EngineAdapter):
                     )
                 if s.kv_side_channel_port is not None:
                     env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(s.kv_side_channel_port)
+        if s.api_key:
+            # vLLM's --api-key, through the variable it reads as that option's default: an
+            # argument would be readable by every user of the host (ps, /proc/*/cmdline).
+            env["VLLM_API_KEY"] = s.api_key
         env.update(s.env)
         return env
 

@@ -55,6 +55,8 @@ class ReferenceAdapter(EngineAdapter):
             args = cli._serve_parser().parse_args(self.serve_args())
         except SystemExit:
             raise AdapterError("extra_args: not valid options of pdbridge engine serve") from None
+        if self.spec.api_key and not args.api_key_file:
+            args.api_key = self.spec.api_key  # what the child would read from VLLM_API_KEY
         try:
             cli.check_args(args)
             models = await asyncio.to_thread(cli.load_models, args)

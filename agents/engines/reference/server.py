@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from agents.engines.reference import kvstate
+from agents.engines.reference.auth import api_key_middleware
 from agents.engines.reference.metrics import EngineMetrics
 from agents.engines.reference.protocol import (
     BadRequest,
@@ -63,6 +64,8 @@ class EngineSettings:
     chunked_prefill_tokens: int = 512
     max_num_seqs: int = 4
     threads: int = 1
+    #: Require ``Authorization: Bearer <api_key>`` on ``/v1/`` paths (vLLM's ``--api-key``).
+    api_key: str | None = field(default=None, repr=False)
 
 
 class _ClientGone(Exception):
@@ -119,7 +122,8 @@ class ReferenceEngine:
         self._slots = asyncio.Semaphore(settings.max_num_seqs)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 << 20)
+        middlewares = [api_key_middleware(self.settings.api_key)] if self.settings.api_key else []
+        app = web.Application(client_max_size=64 << 20, middlewares=middlewares)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._list_models)
