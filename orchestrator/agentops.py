@@ -205,7 +205,11 @@ def engine_launch_settings(target: Target, config: dict[str, Any]) -> tuple[str,
         if not isinstance(tls, dict) or not {"ca", "cert", "key"} <= set(tls):
             raise AgentOpsError("engine_settings.kv_tls: an object with ca, cert and key paths")
         args += ["--kv-tls-ca", tls["ca"], "--kv-tls-cert", tls["cert"], "--kv-tls-key", tls["key"]]
+        if target.role == "decode":
+            for peer in engine_allowed_peers(config):
+                args += ["--kv-allowed-peer", peer]
     elif s.get("kv_insecure"):
+        # Plaintext (loopback testbeds only): no certificate, so no allowlist can apply.
         args.append("--kv-insecure")
     else:
         raise AgentOpsError("engine_settings.kv_tls: required (or kv_insecure: true on loopback)")
@@ -215,6 +219,88 @@ def engine_launch_settings(target: Target, config: dict[str, Any]) -> tuple[str,
         args.append("--insecure")
     launch["extra_args"] = args
     return str(s.get("engine") or "reference"), launch
+
+
+def allowed_peers(config: dict[str, Any]) -> list[str]:
+    """The deployment's resolved KV allowlist (``kv_transfer.allowed_peers``: its prefill
+    pools' nodes and ``extra_allowed_peers``). AgentOpsError when missing or malformed."""
+    peers = config["kv_transfer"].get("allowed_peers")
+    if not isinstance(peers, list) or not all(isinstance(p, str) and p for p in peers):
+        raise AgentOpsError(
+            "kv_transfer.allowed_peers: a list of certificate names (a config document "
+            f"from before allowlists?), got {peers!r}"
+        )
+    return list(peers)
+
+
+def engine_allowed_peers(config: dict[str, Any]) -> list[str]:
+    """``--kv-allowed-peer`` of a decode engine's KV listener: exactly the deployment's
+    allowlist -- only prefill engines push KV into it. An empty allowlist is refused: the
+    engine would read "no allowlist" as any certificate of the CA."""
+    peers = allowed_peers(config)
+    if not peers:
+        raise AgentOpsError(
+            "kv_transfer.allowed_peers: empty (no prefill node and no extra_allowed_peers): "
+            "nobody could send KV, and an empty list would admit any certificate of the CA"
+        )
+    return peers
+
+
+def controller_identity() -> str | None:
+    """The name the orchestrator's own client certificate carries (its common name), None
+    when the controller runs insecure. It dials the kv-link itself (step 5's loopback)."""
+    if settings.PDBRIDGE_CONTROLLER_INSECURE:
+        return None
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    cert_file = controller_tls().cert_file
+    assert cert_file is not None  # noqa: S101  (controller_tls checked it)
+    cert = x509.load_pem_x509_certificate(cert_file.read_bytes())
+    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if not names:
+        raise AgentOpsError(
+            f"PDBRIDGE_CONTROLLER_TLS_CERT: {cert_file} has no common name to allowlist"
+        )
+    return str(names[0].value)
+
+
+def kv_link_launch_settings(target: Target, config: dict[str, Any]) -> dict[str, Any]:
+    """Launch settings of the kv-link on the decode node ``target``. Its ``allow_peers``: the
+    deployment's allowlist (prefill agents probe it in step 2 with their node certificates)
+    and the orchestrator's own identity (it sends step 5's loopback transfer) -- nobody
+    else. The kv-link runs with the agent's TLS material, so with an insecure controller
+    (hence insecure agents, plaintext loopback testbeds) there is no certificate to check and
+    no ``allow_peers`` is sent."""
+    _, port = target.kv_link_address.rsplit(":", 1)
+    launch_settings: dict[str, Any] = {
+        "host": str(target.settings.get("host") or "127.0.0.1"),
+        "port": int(port),
+    }
+    identity = controller_identity()
+    if identity is not None:
+        launch_settings["allow_peers"] = sorted({*allowed_peers(config), identity})
+    return launch_settings
+
+
+def allowlist_evidence(kind: str, launch_settings: dict[str, Any]) -> dict[str, Any] | None:
+    """What a step's evidence says about the allowlist of the KV receiver a launch starts
+    (None for a child that receives no KV: a prefill engine)."""
+    if kind == "kv-link":
+        if "allow_peers" in launch_settings:
+            return {"applies": True, "peers": list(launch_settings["allow_peers"])}
+        return {
+            "applies": False,
+            "why": "controller insecure: the agents and their kv-link run plaintext, "
+            "no certificate to check",
+        }
+    args = list(launch_settings.get("extra_args") or [])
+    if "--kv-listen" not in args:
+        return None
+    if "--kv-insecure" in args:
+        return {"applies": False, "why": "kv_insecure: plaintext KV link, no certificate to check"}
+    peers = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg == "--kv-allowed-peer"]
+    return {"applies": True, "peers": peers}
 
 
 def gateway_url(target: Target) -> str:

@@ -92,15 +92,19 @@ def capacity_baseline(ctx: StepContext) -> StepResult:
 
 
 # -- 2 -----------------------------------------------------------------------------------
-def _kv_link(ctx: StepContext, deployment: Deployment, decode: Target) -> dict[str, Any]:
-    """The decode site's kv-link receiver (probe and loopback target), launched idempotently."""
-    _, port = decode.kv_link_address.rsplit(":", 1)
-    launch_settings = {"host": str(decode.settings.get("host") or "127.0.0.1"), "port": int(port)}
+def _kv_link(
+    ctx: StepContext, deployment: Deployment, config: dict[str, Any], decode: Target
+) -> dict[str, Any]:
+    """The decode site's kv-link receiver (probe and loopback target), launched idempotently,
+    admitting only the deployment's allowlist and the orchestrator (the evidence says who)."""
+    launch_settings = agentops.kv_link_launch_settings(decode, config)
     name = agentops.child_name(deployment.pk, "kvlink")
     rid = agentops.request_id(ctx, decode, name, launch_settings)
-    return agentops.launch(
+    launched = agentops.launch(
         decode, kind="kv-link", name=name, launch_settings=launch_settings, rid=rid
     )
+    launched["allowlist"] = agentops.allowlist_evidence("kv-link", launch_settings)
+    return launched
 
 
 def wan_baseline(ctx: StepContext) -> StepResult:
@@ -110,7 +114,7 @@ def wan_baseline(ctx: StepContext) -> StepResult:
     _deploying(deployment)
     config = _config(deployment)
     decode = agentops.targets(config, "decode")[0]
-    kvlink = _kv_link(ctx, deployment, decode)
+    kvlink = _kv_link(ctx, deployment, config, decode)
     seconds = float(ctx.params.get("probe_seconds", 2.0))
     probes = []
     for target in agentops.targets(config, "prefill"):
@@ -158,6 +162,9 @@ def _launch_pool(ctx: StepContext, deployment: Deployment, role: str) -> list[di
             target, kind=kind, name=name, engine=engine, launch_settings=launch_settings, rid=rid
         )
         result["engine_url"] = target.engine_url
+        allowlist = agentops.allowlist_evidence(kind, launch_settings)
+        if allowlist is not None:
+            result["allowlist"] = allowlist
         launched.append(result)
     return launched
 
@@ -246,7 +253,7 @@ def kv_link(ctx: StepContext) -> StepResult:
     _deploying(deployment)
     config = _config(deployment)
     decode = agentops.targets(config, "decode")[0]
-    kvlink = _kv_link(ctx, deployment, decode)
+    kvlink = _kv_link(ctx, deployment, config, decode)
     tls = agentops.controller_tls(decode.hostname)
     result = agentops.run_async(
         loopback(

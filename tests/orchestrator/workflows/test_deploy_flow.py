@@ -249,7 +249,9 @@ def test_pools_become_launch_settings_with_tls_and_kv_addresses():
     from orchestrator import agentops
 
     local, remote = SiteFactory(role="decode"), SiteFactory(role="prefill")
-    dep = make_deployment(chunked_prefill_tokens=128, checksum=False)
+    dep = make_deployment(
+        chunked_prefill_tokens=128, checksum=False, extra_allowed_peers=["kv-relay"]
+    )
     tls = {"ca": "/etc/ca.pem", "cert": "/etc/n.pem", "key": "/etc/n-key.pem"}
     node = Node.objects.create(site=local, hostname="dec-1", agent_address="10.0.0.1:7070")
     pool_create(
@@ -269,6 +271,7 @@ def test_pools_become_launch_settings_with_tls_and_kv_addresses():
     assert launch["extra_args"] == [
         "--kv-listen", "127.0.0.1:9100", "--kv-compression", "auto", "--no-verify-kv-digests",
         "--kv-tls-ca", "/etc/ca.pem", "--kv-tls-cert", "/etc/n.pem", "--kv-tls-key", "/etc/n-key.pem",
+        "--kv-allowed-peer", "kv-relay",
     ]  # fmt: skip
     with pytest.raises(agentops.AgentOpsError, match=r"pools\.prefill"):
         agentops.targets(config, "prefill")
@@ -357,6 +360,15 @@ def test_deploy_from_nothing_to_full_share_with_evidence_and_a_worker_killed_mid
     assert Link.objects.get().measured_mbit_s == wan["probes"][0]["mbit_s"]
     assert steps["kv_link"].evidence["loopback"]["ok"] is True
     assert steps["kv_link"].evidence["loopback"]["checksum_failures"] == 0
+    # Every KV receiver admits the prefill node (by its hostname); the kv-link the
+    # orchestrator as well (step 5's loopback).
+    prefill_node = world.sites.site("remote").address
+    assert steps["kv_link"].evidence["kv_link"]["allowlist"] == {
+        "applies": True,
+        "peers": sorted(["orchestrator", prefill_node]),
+    }
+    [decode_engine] = steps["local_decode"].evidence["engines"]
+    assert decode_engine["allowlist"] == {"applies": True, "peers": [prefill_node]}
     gateway = steps["gateway"].evidence["gateways"][0]
     assert gateway["remote_share"] == 0.0
     verify = steps["verification"].evidence
