@@ -57,6 +57,12 @@ PULL_PREFILL_KV: Mapping[str, Any] = MappingProxyType(
 )
 
 
+#: The decode engine's error code (503 ``kv_transfer_error``) when it refused a transfer
+#: whose manifest is not its model's layout, and the gateway's fallback cause for it (a
+#: sender bug or a tampered header, unlike a timeout: worth an alert of its own).
+KV_IMPORT_REFUSED = "kv_import_refused"
+
+
 def push_kv_params(
     transfer_id: str, kv_destination: str, deadline_s: float
 ) -> tuple[dict[str, Any], dict[str, Any]]:

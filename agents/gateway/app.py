@@ -26,7 +26,12 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agents.engines.base import PULL_PREFILL_KV, pulled_kv_params, push_kv_params
+from agents.engines.base import (
+    KV_IMPORT_REFUSED,
+    PULL_PREFILL_KV,
+    pulled_kv_params,
+    push_kv_params,
+)
 from agents.gateway.access import ClientKeys, admit
 from agents.gateway.budget import FallbackBudget
 from agents.gateway.config import DeploymentConfig, GatewaySettings, Instance
@@ -102,6 +107,18 @@ class _Call:
     parsed: ParsedRequest
     config: DeploymentConfig
     decision: Decision
+
+
+def _kv_cause(error: BaseException) -> str | None:
+    """The fallback cause of a decode leg that failed naming the KV (None when it did not):
+    ``kv_import_refused`` when the engine refused the transfer's manifest (its error code
+    says so), else ``kv_transfer``."""
+    if not (isinstance(error, LegError) and "kv" in error.detail.lower()):
+        return None
+    doc = _json_or_none(error.detail.encode())
+    body = doc.get("error") if isinstance(doc, dict) else None
+    code = body.get("code") if isinstance(body, dict) else None
+    return KV_IMPORT_REFUSED if code == KV_IMPORT_REFUSED else "kv_transfer"
 
 
 def _json_or_none(body: bytes) -> Any:
@@ -502,15 +519,13 @@ class Gateway:
                 verdict = True if prefill_s is not None else None
                 raise Rejected(decode_error)
             if decode_error is not None:
-                kv_error = (
-                    isinstance(decode_error, LegError) and "kv" in decode_error.detail.lower()
-                )
-                verdict = False if kv_error else (True if prefill_s is not None else None)
+                kv_cause = _kv_cause(decode_error)
+                verdict = False if kv_cause else (True if prefill_s is not None else None)
                 log.warning(
                     "gateway.decode_leg_failed",
                     extra={"url": decode.url, "error": str(decode_error)[:500]},
                 )
-                raise Fallback("kv_transfer" if kv_error else "decode_error")
+                raise Fallback(kv_cause or "decode_error")
             verdict = True
             success = True
             return decode_task.result()

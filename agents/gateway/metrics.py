@@ -22,6 +22,7 @@ FALLBACK_CAUSES = (
     "prefill_error",
     "prefill_timeout",
     "kv_transfer",
+    "kv_import_refused",
     "kv_timeout",
     "decode_error",
 )

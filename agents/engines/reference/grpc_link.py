@@ -7,8 +7,10 @@ engine sends to a ``host:port`` ``kv_destination``). grpc_kv objects are not thr
 the compute thread's ``send`` hands each segment to the event loop and waits only until it is
 queued; the network runs on the loop while the next chunk computes. Failures map onto the
 engine's transport errors: a model fingerprint mismatch -> ``TransferRejected`` (checked by the
-receiver before any data), the deadline -> ``TransferTimeout``, anything else (digest
-mismatch, cancel, expiry) -> ``TransferCorrupt``/``TransferError``.
+receiver before any data), a manifest that is not the decode model's layout ->
+``ImportRefused`` (checked when the header arrives, before any segment is read), the deadline
+-> ``TransferTimeout``, anything else (digest mismatch, cancel, expiry) ->
+``TransferCorrupt``/``TransferError``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from agents.engines.reference import kvstate
 from agents.engines.reference.transport import (
     KvReceiver,
     KvSender,
+    ManifestCheck,
     ReceivedTransfer,
     SenderFactory,
     TransferCorrupt,
@@ -34,6 +37,7 @@ from agents.engines.reference.transport import (
     TransferRejected,
     TransferSummary,
     TransferTimeout,
+    check_manifest,
     open_spool_sender,
 )
 from grpc_kv import api as kv
@@ -291,7 +295,11 @@ class GrpcReceiver(KvReceiver):
         return cls(server, bind.rpartition(":")[0])
 
     async def receive(
-        self, transfer_id: str, fingerprint: str, deadline_s: float
+        self,
+        transfer_id: str,
+        fingerprint: str,
+        deadline_s: float,
+        accept: ManifestCheck | None = None,
     ) -> ReceivedTransfer:
         t0 = time.monotonic()
         try:
@@ -306,6 +314,8 @@ class GrpcReceiver(KvReceiver):
                     manifest = kvstate.Manifest.from_json(json.loads(header.attrs[MANIFEST_ATTR]))
                 except (KeyError, ValueError, kvstate.KvLayoutError) as exc:
                     raise TransferRejected(f"header: no valid {MANIFEST_ATTR} ({exc})") from exc
+                # Leaving the reader here cancels the transfer: no segment is read or kept.
+                check_manifest(accept, manifest)
                 buffers: dict[str, bytearray] = {
                     s.name: bytearray(s.nbytes) for s in manifest.segments
                 }

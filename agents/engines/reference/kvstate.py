@@ -16,13 +16,16 @@ Import restores every layer through the cache layer's own update methods (assign
 directly skips the flag that sends single-token steps down the recurrent path).
 
 Called by the runner (export, from the compute thread) and the decode path (import). Blocking
-CPU work, sub-millisecond for the tiny models. Malformed input raises ``KvLayoutError``.
+CPU work, sub-millisecond for the tiny models. Malformed input raises ``KvLayoutError``; a
+manifest whose layout is not the model's (``ModelLayout.check``: layer kinds, the set of
+segments, every segment's layer, kind, dtype and shape, sliding lengths) raises
+``ManifestMismatch`` before any byte is imported.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +39,12 @@ _NAME_TO_TORCH = {v: k for k, v in _TORCH_TO_NAME.items()}
 
 class KvLayoutError(Exception):
     """A serialized cache does not match the manifest or the model's cache layout."""
+
+
+class ManifestMismatch(KvLayoutError):
+    """A transfer's manifest describes another layout than the model's (layer kinds, a
+    segment missing or extra, a layer, kind, dtype or shape that differs): the decode engine
+    refuses it before any byte is imported. The message names the first difference."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,91 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise KvLayoutError(f"manifest: malformed ({exc})") from exc
+
+
+@dataclass(frozen=True)
+class ModelLayout:
+    """What a transfer for one model must hold, read from a cache the model itself filled
+    (``Runner.layout``, once per model) rather than derived from its config, so it is right
+    for every architecture the cache layer supports.
+
+    ``segments`` are the probe's specs; the token dimension of full layers follows the
+    prompt, that of sliding layers too up to ``windows[layer]`` (``W-1``) tokens; linear
+    states and logits have fixed shapes."""
+
+    layer_kinds: tuple[str, ...]
+    segments: tuple[SegmentSpec, ...]
+    windows: dict[int, int] = field(default_factory=dict)
+
+    def expected(self, prompt_tokens: int) -> dict[str, SegmentSpec]:
+        """Every segment a transfer of a ``prompt_tokens`` prompt holds, by name."""
+        out: dict[str, SegmentSpec] = {}
+        for spec in self.segments:
+            if spec.kind == FULL:
+                spec = replace(spec, shape=(prompt_tokens, *spec.shape[1:]))
+            elif spec.kind == SLIDING:
+                kept = min(prompt_tokens, self.windows[spec.layer])
+                spec = replace(spec, shape=(kept, *spec.shape[1:]))
+            out[spec.name] = spec
+        return out
+
+    def check(self, manifest: Manifest) -> None:
+        """Raise ``ManifestMismatch`` naming the first way ``manifest`` differs from this
+        layout. Pure and cheap (a few hundred comparisons): runs on the event loop when the
+        header arrives, before the receiver reads any segment."""
+        if manifest.prompt_tokens < 1:
+            raise ManifestMismatch(f"prompt_tokens: {manifest.prompt_tokens}, at least 1 expected")
+        if tuple(manifest.layer_kinds) != self.layer_kinds:
+            raise ManifestMismatch(
+                f"layer_kinds: transfer has {manifest.layer_kinds}, model has "
+                f"{list(self.layer_kinds)}"
+            )
+        expected = self.expected(manifest.prompt_tokens)
+        names = [spec.name for spec in manifest.segments]
+        duplicated = sorted({n for n in names if names.count(n) > 1})
+        if duplicated:
+            raise ManifestMismatch(f"segments listed twice: {', '.join(duplicated)}")
+        missing = [n for n in expected if n not in names]
+        if missing:
+            # A layer without its state would decode from zeros: never imported.
+            raise ManifestMismatch(f"segments missing: {', '.join(missing)}")
+        extra = [n for n in names if n not in expected]
+        if extra:
+            raise ManifestMismatch(f"segments not in the model's layout: {', '.join(extra)}")
+        for spec in manifest.segments:
+            want = expected[spec.name]
+            if (spec.layer, spec.kind) != (want.layer, want.kind):
+                raise ManifestMismatch(
+                    f"segment {spec.name!r}: layer {spec.layer} kind {spec.kind}, the model's is "
+                    f"layer {want.layer} kind {want.kind}"
+                )
+            if spec.dtype != want.dtype:
+                raise ManifestMismatch(
+                    f"segment {spec.name!r}: dtype {spec.dtype}, the model's is {want.dtype}"
+                )
+            if spec.shape != want.shape:
+                raise ManifestMismatch(
+                    f"segment {spec.name!r}: shape {list(spec.shape)}, the model's is "
+                    f"{list(want.shape)} for {manifest.prompt_tokens} prompt tokens"
+                )
+        for layer in self.windows:
+            seen = manifest.cumulative_lengths.get(layer)
+            if seen != manifest.prompt_tokens:
+                raise ManifestMismatch(
+                    f"cumulative_lengths: layer {layer} has {seen}, expected "
+                    f"{manifest.prompt_tokens} (the prompt's length)"
+                )
+
+
+def layout_of(cache: Any, logits: torch.Tensor) -> ModelLayout:
+    """The layout of a cache the model filled with a short prefill (see ``Runner.layout``)."""
+    manifest = build_manifest(cache, 1, logits)
+    windows = {
+        i: int(layer.sliding_window) - 1
+        for i, layer in enumerate(cache.layers)
+        if manifest.layer_kinds[i] == SLIDING
+    }
+    return ModelLayout(tuple(manifest.layer_kinds), tuple(manifest.segments), windows)
 
 
 def layer_kind(layer: Any) -> str:
@@ -230,13 +324,20 @@ def export_cache(
 
 
 def import_cache(
-    config: Any, manifest: Manifest, segments: dict[str, bytes]
+    config: Any,
+    manifest: Manifest,
+    segments: dict[str, bytes],
+    layout: ModelLayout | None = None,
 ) -> tuple[Any, torch.Tensor]:
     """Rebuild a ``DynamicCache`` for ``config`` from a manifest and its segments; returns the
-    cache and the last prompt position's logits. Raises ``KvLayoutError`` when a segment is
-    missing, has the wrong size, or the layer kinds differ from the model's."""
+    cache and the last prompt position's logits. With the model's ``layout`` the manifest is
+    checked against it first (``ManifestMismatch``, nothing imported). Raises
+    ``KvLayoutError`` when a segment is missing, has the wrong size, or the layer kinds
+    differ from the model's."""
     from transformers import DynamicCache
 
+    if layout is not None:
+        layout.check(manifest)
     cache: Any = DynamicCache(config=config)
     kinds = [layer_kind(layer) for layer in cache.layers]
     if kinds != manifest.layer_kinds:

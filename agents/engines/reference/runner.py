@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from agents.engines.reference import kvstate
 from agents.engines.reference.zoo import LoadedModel
 
 #: Default prefill chunk (tokens). Results are bit-identical only between runs that use the
@@ -74,11 +75,22 @@ class Runner:
             raise ValueError("chunked_prefill_tokens: must be >= 1")
         self.loaded = loaded
         self.chunk_tokens = chunk_tokens
+        self._layout: kvstate.ModelLayout | None = None
 
     def new_cache(self) -> Any:
         from transformers import DynamicCache
 
         return DynamicCache(config=self.loaded.model.config)
+
+    def layout(self) -> kvstate.ModelLayout:
+        """The KV layout this model's transfers must have (what a decode engine checks an
+        incoming manifest against). Read once from a two-token prefill into a fresh cache
+        (every layer's states exist after it), then cached; blocking, compute thread."""
+        if self._layout is None:
+            cache = self.new_cache()
+            logits = self.prefill_chunk(cache, [0, 1], 0, 2)  # ids 0 and 1 exist in any vocab
+            self._layout = kvstate.layout_of(cache, logits)
+        return self._layout
 
     @torch.inference_mode()
     def prefill_chunk(self, cache: Any, ids: list[int], start: int, end: int) -> torch.Tensor:

@@ -10,7 +10,8 @@ step. ``max_num_seqs`` requests run at once; the rest wait (both gauges are true
 Who calls it: ``pdbridge engine serve`` (``run_server``) and tests (``ReferenceEngine.app``).
 Failures reach clients as OpenAI-style error bodies: 400 for bad input (the field named),
 503 ``kv_transfer_error`` when remote KV did not arrive or failed verification and the
-request did not ask for ``fallback: local``.
+request did not ask for ``fallback: local`` (the error's ``code`` says why: ``kv_timeout``,
+``kv_rejected``, ``kv_import_refused``, ``kv_corrupt``, ...).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from agents.engines.reference.protocol import (
 from agents.engines.reference.runner import Runner, Sampling
 from agents.engines.reference.streaming import PrefillStreamer
 from agents.engines.reference.transport import (
+    ImportRefused,
     KvReceiver,
     SenderFactory,
     TransferError,
@@ -393,14 +395,30 @@ class ReferenceEngine:
         kv = sess.req.kv
         if kv is None or self.receiver is None:
             raise TransferRejected("kv_transfer_params: no transfer to import")
-        received = await self.receiver.receive(kv.transfer_id, sess.lm.fingerprint, kv.deadline_s)
+        # The model's KV layout (cached after the first import): the receiver checks the
+        # manifest against it when the header arrives, before reading any segment.
+        layout = await self._compute(sess.runner.layout)
+        try:
+            received = await self.receiver.receive(
+                kv.transfer_id, sess.lm.fingerprint, kv.deadline_s, accept=layout.check
+            )
+        except ImportRefused as exc:
+            log.warning(
+                "kv_import_refused transfer_id=%s model=%s detail=%s",
+                kv.transfer_id,
+                sess.req.model,
+                exc,
+            )
+            raise
         manifest = received.header.manifest
         if manifest.prompt_digest != kvstate.prompt_digest(sess.prompt_ids):
             raise TransferRejected("prompt: the transfer's KV was computed for a different prompt")
         try:
             sess.cache, sess.logits = await self._compute(
-                kvstate.import_cache, sess.lm.model.config, manifest, received.segments
+                kvstate.import_cache, sess.lm.model.config, manifest, received.segments, layout
             )
+        except kvstate.ManifestMismatch as exc:  # a receiver that does not call accept
+            raise ImportRefused(f"manifest: {exc}") from exc
         except kvstate.KvLayoutError as exc:
             raise TransferRejected(f"layout: {exc}") from exc
         self.metrics.kv_bytes.labels(direction="receive", model_name=sess.req.model).inc(

@@ -8,8 +8,9 @@ attention KV appended after each chunk, the rest when final. A decode engine awa
 **before** using any byte and checks each segment's sha256 before returning.
 
 Failures surface as exceptions: ``TransferTimeout`` (nothing complete before the deadline),
-``TransferRejected`` (fingerprint mismatch, malformed header), ``TransferCorrupt`` (a segment
-whose size or digest is wrong). The grpc_kv link implements the same interface.
+``TransferRejected`` (fingerprint mismatch, malformed header), ``ImportRefused`` (a manifest
+that is not the model's layout, refused when the header arrives), ``TransferCorrupt`` (a
+segment whose size or digest is wrong). The grpc_kv link implements the same interface.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.engines.reference.kvstate import KvLayoutError, Manifest
+from agents.engines.base import KV_IMPORT_REFUSED
+from agents.engines.reference.kvstate import KvLayoutError, Manifest, ManifestMismatch
 
 
 class TransferError(Exception):
@@ -45,6 +47,28 @@ class TransferRejected(TransferError):
 
 class TransferCorrupt(TransferError):
     reason = "kv_corrupt"
+
+
+class ImportRefused(TransferError):
+    """The transfer's manifest differs from the decode engine's model (layer kinds, a layer's
+    state missing, a segment's shape or dtype): refused before any byte is imported."""
+
+    reason = KV_IMPORT_REFUSED
+
+
+#: Checks a transfer's manifest when its header arrives, before any segment is read; raises
+#: ``kvstate.ManifestMismatch`` to refuse it (``ModelLayout.check``).
+ManifestCheck = Callable[[Manifest], None]
+
+
+def check_manifest(accept: ManifestCheck | None, manifest: Manifest) -> None:
+    """Run a receiver's ``accept`` hook; a mismatch becomes ``ImportRefused``."""
+    if accept is None:
+        return
+    try:
+        accept(manifest)
+    except ManifestMismatch as exc:
+        raise ImportRefused(f"manifest: {exc}") from exc
 
 
 class TransferLinkError(TransferError):
@@ -127,9 +151,15 @@ class KvReceiver(ABC):
 
     @abstractmethod
     async def receive(
-        self, transfer_id: str, fingerprint: str, deadline_s: float
+        self,
+        transfer_id: str,
+        fingerprint: str,
+        deadline_s: float,
+        accept: ManifestCheck | None = None,
     ) -> ReceivedTransfer:
-        """Wait for a complete, verified transfer; raise a ``TransferError`` otherwise."""
+        """Wait for a complete, verified transfer; raise a ``TransferError`` otherwise.
+        ``accept`` sees the manifest once the header arrived and the fingerprint matched,
+        before any segment is read (``check_manifest``: ``ImportRefused``)."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most receivers hold nothing
         """Release resources (servers, sockets)."""
@@ -196,7 +226,11 @@ class SpoolReceiver(KvReceiver):
         spool.mkdir(parents=True, exist_ok=True)
 
     async def receive(
-        self, transfer_id: str, fingerprint: str, deadline_s: float
+        self,
+        transfer_id: str,
+        fingerprint: str,
+        deadline_s: float,
+        accept: ManifestCheck | None = None,
     ) -> ReceivedTransfer:
         directory = self.spool / _safe_id(transfer_id)
         t0 = time.monotonic()
@@ -208,11 +242,13 @@ class SpoolReceiver(KvReceiver):
             await asyncio.sleep(self.poll_s)
         waited = time.monotonic() - t0
         try:
-            return await asyncio.to_thread(self._load, directory, fingerprint, waited)
+            return await asyncio.to_thread(self._load, directory, fingerprint, waited, accept)
         finally:
             await asyncio.to_thread(shutil.rmtree, directory, True)
 
-    def _load(self, directory: Path, fingerprint: str, waited: float) -> ReceivedTransfer:
+    def _load(
+        self, directory: Path, fingerprint: str, waited: float, accept: ManifestCheck | None
+    ) -> ReceivedTransfer:
         header = TransferHeader.from_json(json.loads((directory / "header.json").read_text()))
         # The fingerprint is checked before any segment is read.
         if header.fingerprint != fingerprint:
@@ -220,6 +256,7 @@ class SpoolReceiver(KvReceiver):
                 f"fingerprint: transfer from model {header.fingerprint[:16]}..., "
                 f"this engine serves {fingerprint[:16]}..."
             )
+        check_manifest(accept, header.manifest)
         trailer = json.loads((directory / "trailer.json").read_text())
         segments: dict[str, bytes] = {}
         for spec in header.manifest.segments:
