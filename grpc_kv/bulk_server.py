@@ -390,8 +390,6 @@ class _BulkConnection(asyncio.BufferedProtocol):
             self._ack(
                 chunk.seq, pb.ACK_BUSY, transfer.contiguous, "receiver memory budget exhausted"
             )
-        elif verdict == "duplicate":
-            self._ack(chunk.seq, pb.ACK_OK, transfer.contiguous)
         elif chunk.raw_length > _THREAD_DECODE_BYTES and chunk.codec != pb.CODEC_NONE:
             # Decompression takes milliseconds: off the loop, with reading paused so the
             # payload buffer stays untouched until the decoder is done with it.

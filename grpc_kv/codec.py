@@ -64,13 +64,32 @@ CHECKSUM_TO_PB = {
 PB_TO_CHECKSUM = {v: k for k, v in CHECKSUM_TO_PB.items()}
 
 
-def checksum(kind: Checksum, data: bytes | memoryview) -> int:
-    """Checksum of raw bytes: xxh3-64 or crc32c (both tens of GB/s); 0 for ``none``."""
+def checksum(kind: Checksum, data: bytes | memoryview, seed: int = 0) -> int:
+    """Checksum of raw bytes: xxh3-64 or crc32c (both tens of GB/s); 0 for ``none``.
+
+    ``seed`` (a :func:`chunk_seed`) binds the value to the fields that decide where the bytes
+    land: xxh3 takes it as its seed, crc32c as its initial value (its low 32 bits), so the
+    binding costs no second pass over the data."""
     if kind is Checksum.NONE:
         return 0
     if kind is Checksum.CRC32C:
-        return int(crc32c.crc32c(data))
-    return int(xxhash.xxh3_64_intdigest(data))
+        return int(crc32c.crc32c(data, seed & 0xFFFFFFFF))
+    return int(xxhash.xxh3_64_intdigest(data, seed))
+
+
+_SEED_FIELDS = struct.Struct("<QQQQB")
+
+
+def chunk_seed(
+    header_digest: int, seq: int, layer: str, offset: int, raw_length: int, final: bool
+) -> int:
+    """The checksum seed of one chunk: xxh3-64 over the transfer's header digest (ids,
+    fingerprint, layout manifest: :meth:`grpc_kv.manifest.TransferHeader.digest`) and the
+    chunk's own placement fields. A chunk whose seq, layer, offset, length or final flag
+    changed in flight -- or that belongs to another transfer -- fails its checksum exactly as
+    a damaged payload does, and is resent."""
+    fields = _SEED_FIELDS.pack(header_digest, seq, offset, raw_length, final)
+    return int(xxhash.xxh3_64_intdigest(fields + layer.encode()))
 
 
 def transfer_digest(checksums: Iterable[int]) -> int:

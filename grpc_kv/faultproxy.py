@@ -99,18 +99,22 @@ class CloseAfter(Toxic):
 
 @dataclass
 class Flip(Toxic):
-    """Flip (xor 0xFF) single bytes: at absolute stream ``offsets`` of each connection, at
-    every multiple of ``every`` bytes of each connection (``every``, ``2 * every`` ...: silent
-    corruption spread over a stream, its first ``every`` bytes -- connection preamble,
-    headers -- left alone), or the last byte of each *distinct* occurrence of ``pattern``,
-    told apart by the ``context`` bytes that follow it (so a resent copy of the same data
-    passes). At most ``limit`` flips in total (None = no limit)."""
+    """Flip single bytes (xor ``mask``: 0xFF by default, one bit with 0x01, 0x02 ...): at
+    absolute stream ``offsets`` of each connection, at every multiple of ``every`` bytes of
+    each connection (``every``, ``2 * every`` ...: silent corruption spread over a stream, its
+    first ``every`` bytes -- connection preamble, headers -- left alone), or one byte of each
+    *distinct* occurrence of ``pattern``, told apart by the ``context`` bytes that follow it
+    (so a resent copy of the same data passes). ``at`` places that byte relative to the end of
+    the occurrence: -1 (default) its last byte, 0 the first byte after it (a field's value
+    after its tag, in a protobuf head). At most ``limit`` flips in total (None = no limit)."""
 
     offsets: tuple[int, ...] = ()
     pattern: bytes = b""
     context: int = 8
     limit: int | None = None
     every: int = 0
+    mask: int = 0xFF
+    at: int = -1
     flipped: int = 0
     _seen: set[bytes] = field(default_factory=set, repr=False)
 
@@ -118,6 +122,10 @@ class Flip(Toxic):
         super().__post_init__()
         if self.every < 0:
             raise ValueError("every: must not be negative")
+        if not 0 < self.mask <= 0xFF:
+            raise ValueError("mask: 1..255 (the bits to flip in one byte)")
+        if self.pattern and not -len(self.pattern) <= self.at < self.context:
+            raise ValueError("at: inside the pattern or its context")
 
     def exhausted(self) -> bool:
         return self.limit is not None and self.flipped >= self.limit
@@ -125,14 +133,14 @@ class Flip(Toxic):
     def transform(self, data: bytearray, stream_offset: int) -> None:
         for offset in self.offsets:
             if stream_offset <= offset < stream_offset + len(data) and not self.exhausted():
-                data[offset - stream_offset] ^= 0xFF
+                data[offset - stream_offset] ^= self.mask
                 self.flipped += 1
         if self.every:
             first = max(1, -(-stream_offset // self.every)) * self.every
             for offset in range(first, stream_offset + len(data), self.every):
                 if self.exhausted():
                     break
-                data[offset - stream_offset] ^= 0xFF
+                data[offset - stream_offset] ^= self.mask
                 self.flipped += 1
         if not self.pattern:
             return
@@ -149,7 +157,7 @@ class Flip(Toxic):
             if key in self._seen:
                 continue
             self._seen.add(key)
-            data[end - 1] ^= 0xFF
+            data[end + self.at] ^= self.mask
             self.flipped += 1
 
 

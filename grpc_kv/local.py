@@ -42,6 +42,7 @@ from google.protobuf.message import DecodeError
 
 from grpc_kv.alloc import owned_buffer
 from grpc_kv.bulk import MAX_HEAD, PREFIX, send_parts
+from grpc_kv.coverage import Coverage, CoverageError
 from grpc_kv.manifest import Fingerprint, TransferHeader, fingerprint_from_pb
 from grpc_kv.metrics import LinkMetrics
 from grpc_kv.protocol import pb
@@ -297,9 +298,21 @@ class LocalReader:
         return self._segments()
 
     async def _segments(self) -> AsyncIterator[Segment]:
+        # The receiver placed every chunk before sending it; the engine checks again what
+        # reaches it over the socket, so a broken receiver cannot hand it a hole or overlap.
+        coverage = Coverage(self.header)
+        index = 0
         while (frame := await self._frames.next()) is not None:
             msg, data = frame
+            try:
+                coverage.place(index, msg.layer, msg.offset, len(data), msg.layer_final)
+            except CoverageError as exc:
+                raise TransferFailed(f"local socket: layer coverage: {exc}") from exc
+            index += 1
             yield Segment(msg.layer, msg.offset, data, msg.layer_final)
+        incomplete = coverage.incomplete()
+        if incomplete:
+            raise TransferFailed(f"local socket: layer coverage: {incomplete}")
 
 
 @contextlib.asynccontextmanager

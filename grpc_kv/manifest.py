@@ -7,8 +7,11 @@ consumer before any data. Conversion to and from the wire messages lives here on
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass, field
 from typing import Any
+
+import xxhash
 
 from grpc_kv.protocol import pb
 
@@ -73,6 +76,25 @@ class TransferHeader:
 
     def layer(self, name: str) -> LayerSpec | None:
         return next((spec for spec in self.layers if spec.name == name), None)
+
+    def digest(self) -> int:
+        """xxh3-64 of a canonical encoding of every field (attrs sorted; never 0): what the
+        sender states in Begin and seeds every chunk's checksum with, so the receiver can
+        tell a header damaged in flight and no chunk can be placed under another header.
+        Protobuf's own serialisation is not canonical (map order), hence JSON here."""
+        canonical = [
+            self.transfer_id,
+            self.request_id,
+            self.fingerprint.weights_sha256,
+            self.fingerprint.arch_hash,
+            [
+                [s.name, s.kind.value, s.dtype, list(s.shape), s.offset, s.length]
+                for s in self.layers
+            ],
+            sorted(self.attrs.items()),
+        ]
+        encoded = json.dumps(canonical, separators=(",", ":"), ensure_ascii=False).encode()
+        return int(xxhash.xxh3_64_intdigest(encoded)) or 1
 
     def to_pb(self) -> Any:
         return pb.TransferHeader(

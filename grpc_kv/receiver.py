@@ -119,7 +119,13 @@ class _Servicer:
                 if verdict == "busy":
                     status, detail = pb.ACK_BUSY, "receiver memory budget exhausted"
                 elif verdict is None:
-                    args = (chunk, payload, transfer.checksum_kind, max_chunk)
+                    args = (
+                        chunk,
+                        payload,
+                        transfer.checksum_kind,
+                        max_chunk,
+                        transfer.header_digest,
+                    )
                     try:
                         # Uncompressed chunks only need a checksum (tens of GB/s, well under
                         # a millisecond for 4 MiB): a thread hop would cost more than it saves.

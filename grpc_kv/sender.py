@@ -35,6 +35,7 @@ from grpc_kv.codec import (
     AutoCodec,
     Checksum,
     Codec,
+    chunk_seed,
     split,
     transfer_digest,
 )
@@ -76,6 +77,8 @@ class Transfer:
         self.header = header
         self.options = options
         self.session = uuid.uuid4().hex
+        #: Stated in Begin and seeding every chunk's checksum (see grpc_kv.codec.chunk_seed).
+        self._header_digest = header.digest()
         self.summary = TransferSummary(header.transfer_id, checksum=options.checksum.value)
         self._unverified = options.checksum is Checksum.NONE
         self._auto = AutoCodec(level=options.zstd_level)
@@ -172,6 +175,7 @@ class Transfer:
             deadline_ms=max(1, int(self.remaining() * 1000)),
             checksum=CHECKSUM_TO_PB[self.options.checksum],
             want_bulk=self.options.data_path == "bulk",
+            header_digest=self._header_digest,
         )
         reply = await self.link.unary(index, "Begin", pb.BeginReply)(
             request, timeout=self._rpc_timeout()
@@ -271,6 +275,13 @@ class Transfer:
         if offset != end:
             raise ValueError(f"offset: layer {name!r} continues at {end}, got {offset}")
         view = memoryview(data).cast("B")
+        spec = self.header.layer(name)
+        declared = spec.length if spec is not None else 0
+        if declared and (end + len(view) > declared or (final and end + len(view) != declared)):
+            raise ValueError(
+                f"data: layer {name!r} would end at byte {end + len(view)}"
+                f"{'' if final else ' or later'}; the manifest declares {declared}"
+            )
         # bytes cannot change under us: their chunks are referenced, not copied, until
         # acknowledged. Any other buffer is copied into its frames here.
         lazy = isinstance(data, bytes) or isinstance(view.obj, bytes)
@@ -299,6 +310,7 @@ class Transfer:
             codec=CODEC_TO_PB[codec],
             raw_length=len(piece),
         )
+        seed = chunk_seed(self._header_digest, seq, layer, offset, len(piece), final)
         if (
             self._bulk_port
             and codec is Codec.NONE
@@ -307,11 +319,11 @@ class Transfer:
         ):
             # The bulk writer checksums the slice right before writing it (bulk_parts).
             chunk = OutChunk(seq, (b"", piece), len(piece), len(piece), 0)
-            chunk.deferred = (head, self.options.checksum, self._record_checksum)
+            chunk.deferred = (head, self.options.checksum, seed, self._record_checksum)
             self._checksums.append(0)  # filled in when the chunk is first written
             await self._queue_chunk(chunk, codec)
             return
-        args = (piece, codec, self.options.zstd_level, self.options.checksum, head, lazy)
+        args = (piece, codec, self.options.zstd_level, self.options.checksum, head, lazy, seed)
         # Uncompressed chunks cost one copy and a checksum (about a millisecond for 4 MiB):
         # cheaper on the loop than a thread hop, which on a busy machine waits for a core.
         if len(piece) > _THREAD_ENCODE_BYTES and codec is not Codec.NONE:
@@ -347,7 +359,17 @@ class Transfer:
 
     async def finish(self) -> TransferSummary:
         """Wait until every chunk is acknowledged, send the trailer, return the summary.
-        Raises TransferError (TransferTimeout past the deadline)."""
+        Raises ValueError when a layer was left without its final segment (the receiver
+        would refuse the transfer as incomplete), TransferError (TransferTimeout past the
+        deadline)."""
+        self._raise_if_failed()
+        unfinished = [
+            name
+            for name in (*(s.name for s in self.header.layers), *self._layer_ends)
+            if name not in self._final_layers
+        ]
+        if unfinished:
+            raise ValueError(f"finish: layer {unfinished[0]!r} was never sent with final=True")
         self._closed = True
         await self._notify()
         async with self._cond:
@@ -554,7 +576,11 @@ class Transfer:
     async def _stream(self, index: int) -> None:
         call = await self._open_stream(index)
         bulk = isinstance(call, BulkStream)
-        reader = asyncio.create_task(self._read_acks(call, index))
+        # The receiver answers a stream's chunks one by one, in the order they were written
+        # (on both data paths), so each ack is matched to the oldest chunk still unanswered
+        # on it -- not only by the seq it names, which may be a damaged one.
+        sent: deque[OutChunk] = deque()
+        reader = asyncio.create_task(self._read_acks(call, index, sent))
         chunk: OutChunk | None = None
         try:
             while True:
@@ -565,6 +591,7 @@ class Transfer:
                 if reader.done():  # the stream died while we waited: never sent on it
                     await self._requeue(chunk, counts=False)
                     break
+                sent.append(chunk)  # before writing: its ack may be read before we resume
                 try:
                     if bulk:
                         await call.send(chunk.bulk_parts)
@@ -602,9 +629,9 @@ class Transfer:
             # references here so the connection closes with its channel.
             del call, reader, chunk
 
-    async def _read_acks(self, call: Any, index: int) -> None:
+    async def _read_acks(self, call: Any, index: int, sent: deque[OutChunk]) -> None:
         try:
-            await self._read_loop(call, index)
+            await self._read_loop(call, index, sent)
         finally:
             del call  # see _stream
             # Wake the writer of this connection: it must notice the stream ended.
@@ -621,7 +648,7 @@ class Transfer:
         per_conn = 4 * self.options.chunk_size_bytes * len(self.link.channels) / rate
         return max(self.options.rpc_timeout_ms / 1000, per_conn)
 
-    async def _read_loop(self, call: Any, index: int) -> None:
+    async def _read_loop(self, call: Any, index: int, sent: deque[OutChunk]) -> None:
         # The server ends a stream only on error (raised by read) or after we finished
         # writing; anything still in flight on it goes around again.
         # One read kept pending across timeouts: cancelling a grpc.aio read cancels the RPC.
@@ -645,9 +672,9 @@ class Transfer:
                 if ack is EOF:
                     await self._requeue_connection(index)
                     return
-                await self._on_ack(ack)
+                await self._on_ack(self._matched(ack, sent))
                 while ready is not None and (ack := ready()) is not None:
-                    await self._on_ack(ack)
+                    await self._on_ack(self._matched(ack, sent))
                 read = asyncio.ensure_future(call.read())
         finally:
             # A read given up on may still end with the call's error (cancelling it races
@@ -656,6 +683,29 @@ class Transfer:
             read.add_done_callback(_retrieve)
             read.cancel()
             del call, read, ready  # see _stream
+
+    def _matched(self, ack: Any, sent: deque[OutChunk]) -> Any:
+        """The ack as an answer to the oldest chunk unanswered on its stream. One that names
+        another seq answers that chunk all the same, whose head (its seq) was damaged on the
+        way: it is taken as ACK_CORRUPT for it, so the chunk is resent at once instead of
+        waiting, unanswered, for the stall timeout."""
+        if not sent:
+            return ack
+        expected = sent.popleft()
+        if ack.seq == expected.seq:
+            return ack
+        log.warning(
+            "ack_mismatch transfer_id=%s seq=%d answered_as=%d detail=%s",
+            self.header.transfer_id,
+            expected.seq,
+            ack.seq,
+            "the chunk's head was damaged in flight; resending it",
+        )
+        return pb.Ack(
+            seq=expected.seq,
+            status=pb.ACK_CORRUPT,
+            detail=f"answered as seq {ack.seq}: the chunk's head was damaged in flight",
+        )
 
     async def _on_ack(self, ack: Any) -> None:
         chunk = self._unacked.get(ack.seq)

@@ -28,9 +28,11 @@ from grpc_kv.codec import (
     CodecError,
     CorruptChunk,
     checksum,
+    chunk_seed,
     decompress,
     transfer_digest,
 )
+from grpc_kv.coverage import Coverage, CoverageError
 from grpc_kv.manifest import Fingerprint, TransferHeader
 from grpc_kv.metrics import LinkMetrics
 from grpc_kv.options import ReceiverOptions
@@ -91,6 +93,7 @@ def _immutable(data: bytes | memoryview) -> bool:
 class _Transfer:
     transfer_id: str
     header: TransferHeader | None = None
+    header_digest: int = 0
     session: str = ""
     checksum_kind: Checksum = Checksum.XXH3
     expect: Fingerprint | None = None
@@ -103,8 +106,9 @@ class _Transfer:
     contiguous: int = 0
     delivered: int = 0
     held: int = 0
-    layer_ends: dict[str, int] = field(default_factory=dict)
-    finished_layers: set[str] = field(default_factory=set)
+    #: Where each chunk not yet contiguous lands: seq -> (layer, offset, length, final).
+    placements: dict[int, tuple[str, int, int, bool]] = field(default_factory=dict)
+    coverage: Coverage | None = None
     finished: bool = False
     failed: str | None = None
     discard: bool = False
@@ -113,12 +117,14 @@ class _Transfer:
 
 
 def decode_chunk(
-    chunk: Any, payload: bytes | memoryview, kind: Checksum, max_chunk: int
+    chunk: Any, payload: bytes | memoryview, kind: Checksum, max_chunk: int, header_digest: int
 ) -> bytes | memoryview:
     """Decode and verify one chunk whose payload was cut out of its frame (blocking).
     An uncompressed payload comes back as the same view, uncopied. ChunkRejected for
-    impossible chunks, CorruptChunk when bytes do not match the checksum (never with
-    ``Checksum.NONE``, which verifies nothing; sizes and bombs are still refused)."""
+    impossible chunks, CorruptChunk when bytes do not match the checksum, which covers the
+    chunk's placement fields and the transfer's header too (``chunk_seed``): a flipped
+    offset, seq, layer name or final flag is a resend, like a flipped payload byte (never
+    with ``Checksum.NONE``, which verifies nothing; sizes and bombs are still refused)."""
     if chunk.raw_length > max_chunk:
         raise ChunkRejected(f"chunk.raw_length {chunk.raw_length} exceeds the maximum {max_chunk}")
     codec = PB_TO_CODEC.get(chunk.codec)
@@ -133,7 +139,12 @@ def decode_chunk(
     except CodecError as exc:
         raise ChunkRejected(f"chunk {chunk.seq}: {exc}") from exc
     # Checksum.NONE (diagnostic mode): nothing to verify; the bounds above still held.
-    if kind is not Checksum.NONE and checksum(kind, data) != chunk.checksum:
+    if kind is Checksum.NONE:
+        return data
+    seed = chunk_seed(
+        header_digest, chunk.seq, chunk.layer, chunk.offset, chunk.raw_length, chunk.layer_final
+    )
+    if checksum(kind, data, seed) != chunk.checksum:
         raise CorruptChunk(f"chunk {chunk.seq}: checksum mismatch")
     return data
 
@@ -228,6 +239,21 @@ class TransferStore:
             header = TransferHeader.from_pb(request.header)
         except ValueError as exc:
             raise BeginRefused(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+        if not request.header_digest:
+            raise BeginRefused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "header_digest: required; the sender predates header-bound checksums "
+                "(upgrade it to this receiver's pdbridge)",
+            )
+        digest = header.digest()
+        if digest != request.header_digest:
+            # Damaged in flight (or a sender that encodes the header differently): the
+            # sender retries ABORTED, so a one-off flip costs a round trip, not the transfer.
+            raise BeginRefused(
+                grpc.StatusCode.ABORTED,
+                f"header_digest: the header hashes to {digest:#x}, the sender stated "
+                f"{request.header_digest:#x} (damaged in flight)",
+            )
         if not request.session:
             raise BeginRefused(grpc.StatusCode.INVALID_ARGUMENT, "session: required")
         kind = PB_TO_CHECKSUM.get(request.checksum)
@@ -247,7 +273,7 @@ class TransferStore:
                 grpc.StatusCode.ALREADY_EXISTS, f"transfer id {tid!r} was already used ({ended})"
             )
         if transfer is not None and transfer.header is not None:
-            if transfer.session != request.session:
+            if transfer.session != request.session or transfer.header_digest != digest:
                 raise BeginRefused(
                     grpc.StatusCode.ALREADY_EXISTS,
                     f"transfer id {tid!r} is in use by another sender",
@@ -279,6 +305,8 @@ class TransferStore:
             transfer = _Transfer(transfer_id=tid)
             self.transfers[tid] = transfer
         transfer.header = header
+        transfer.header_digest = digest
+        transfer.coverage = Coverage(header)
         transfer.session = request.session
         transfer.checksum_kind = kind
         transfer.started = transfer.progress = time.monotonic()
@@ -326,27 +354,22 @@ class TransferStore:
         return transfer
 
     def check_chunk(self, transfer: _Transfer, chunk: Any) -> str | None:
-        """Validate a chunk against the header before decoding. Returns "duplicate", "busy"
-        or None (accept); raises ChunkRejected."""
-        if chunk.seq in transfer.checksums:
-            return "duplicate"
-        header = transfer.header
-        if header is None:
+        """Bound a chunk before decoding it. Returns "busy" or None (decode and verify);
+        raises ChunkRejected. Where the chunk lands is checked only once its checksum -- which
+        covers those fields -- has passed (:meth:`accept`): a damaged layer name or offset is
+        then a resend, not a refusal. A chunk whose seq is already held is verified too before
+        it is acknowledged (and then dropped by :meth:`accept`): its seq may be a damaged one,
+        and an unverified "ok" would leave the real chunk unanswered."""
+        duplicate = chunk.seq in transfer.checksums
+        if transfer.header is None:
             raise ChunkRejected(f"transfer {transfer.transfer_id!r} was never begun")
-        spec = header.layer(chunk.layer)
-        if header.layers and spec is None:
-            raise ChunkRejected(f"chunk.layer {chunk.layer!r} is not in the layout manifest")
-        if spec is not None and spec.length and chunk.offset + chunk.raw_length > spec.length:
-            raise ChunkRejected(
-                f"chunk.offset+raw_length {chunk.offset + chunk.raw_length} exceeds layer "
-                f"{chunk.layer!r} length {spec.length}"
-            )
         if chunk.raw_length > self.options.max_chunk_bytes:
             raise ChunkRejected(
                 f"chunk.raw_length {chunk.raw_length} exceeds the maximum {self.options.max_chunk_bytes}"
             )
         if (
             not transfer.discard
+            and not duplicate  # takes no memory: accept() drops it
             # The chunk a consumer is blocked on is always admitted (at most one chunk over
             # the budget per transfer); refusing it while later chunks fill the budget
             # would deadlock delivery, which is strictly in order.
@@ -367,10 +390,22 @@ class TransferStore:
         """Record a verified chunk (its checksum already passed). For a consumer, ``data``
         is kept as it is when nothing can change it (``bytes``, a view of ``bytes`` such as
         a payload cut out of its gRPC frame, or a buffer the caller hands over: ``owned``),
-        otherwise as a copy; a transfer that discards keeps nothing."""
-        if chunk.seq in transfer.checksums or transfer.failed:
+        otherwise as a copy; a transfer that discards keeps nothing.
+
+        Raises ChunkRejected for a chunk of a layer outside the manifest or past a layer's
+        declared length (the sender really sent it so: its checksum passed). Chunks that
+        become contiguous are placed in sequence order (:class:`Coverage`); one that
+        overlaps, leaves a hole or follows its layer's final chunk fails the transfer."""
+        held = transfer.checksums.get(chunk.seq)
+        if held is not None and held != chunk.checksum and not transfer.failed:
+            raise ChunkRejected(
+                f"chunk {chunk.seq}: resent with other contents than the copy already held"
+            )
+        if held is not None or transfer.failed:
             return
+        coverage = self._check_placement(transfer, chunk)
         transfer.checksums[chunk.seq] = chunk.checksum
+        transfer.placements[chunk.seq] = (chunk.layer, chunk.offset, len(data), chunk.layer_final)
         transfer.raw_bytes += len(data)
         transfer.progress = time.monotonic()
         self.metrics.bytes_raw.labels(ROLE).inc(len(data))
@@ -385,10 +420,32 @@ class TransferStore:
             )
             self._hold(transfer, len(data))
         while transfer.contiguous in transfer.checksums:
+            layer, offset, length, final = transfer.placements.pop(transfer.contiguous)
+            try:
+                coverage.place(transfer.contiguous, layer, offset, length, final)
+            except CoverageError as exc:
+                self.metrics.invalid.labels(ROLE).inc()
+                self._fail(transfer, f"layer coverage: {exc}")
+                return
             transfer.contiguous += 1
         if transfer.discard:
             transfer.delivered = transfer.contiguous
         transfer.changed.set()
+
+    def _check_placement(self, transfer: _Transfer, chunk: Any) -> Coverage:
+        """Refuse a verified chunk that no manifest allows; the transfer's coverage."""
+        header, coverage = transfer.header, transfer.coverage
+        if header is None or coverage is None:
+            raise ChunkRejected(f"transfer {transfer.transfer_id!r} was never begun")
+        spec = header.layer(chunk.layer)
+        if header.layers and spec is None:
+            raise ChunkRejected(f"chunk.layer {chunk.layer!r} is not in the layout manifest")
+        if spec is not None and spec.length and chunk.offset + chunk.raw_length > spec.length:
+            raise ChunkRejected(
+                f"chunk.offset+raw_length {chunk.offset + chunk.raw_length} exceeds layer "
+                f"{chunk.layer!r} length {spec.length}"
+            )
+        return coverage
 
     def finish(self, trailer: Any) -> Any:
         transfer = self.lookup(trailer.transfer_id)
@@ -407,6 +464,10 @@ class TransferStore:
         if digest != trailer.digest:
             self._fail(transfer, "transfer digest mismatch")
             raise BeginRefused(grpc.StatusCode.DATA_LOSS, "trailer.digest: mismatch")
+        incomplete = transfer.coverage.incomplete() if transfer.coverage else "never begun"
+        if incomplete:
+            self._fail(transfer, f"layer coverage: {incomplete}")
+            raise BeginRefused(grpc.StatusCode.DATA_LOSS, f"layer coverage: {incomplete}")
         transfer.finished = True
         transfer.progress = time.monotonic()
         transfer.changed.set()

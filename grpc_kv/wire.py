@@ -112,8 +112,8 @@ class OutChunk:
     conn: int = -1
     queued: bool = False
     #: Bulk data path, uncompressed: (Chunk head without its checksum, checksum kind,
-    #: callback(seq, checksum)). The checksum is computed when the chunk is first written
-    #: (see ``bulk_parts``), not when it is queued.
+    #: checksum seed, callback(seq, checksum)). The checksum is computed when the chunk is
+    #: first written (see ``bulk_parts``), not when it is queued.
     deferred: Any = None
 
     def frame(self) -> bytes:
@@ -133,9 +133,9 @@ class OutChunk:
         reads it from there instead of from memory a second time, and neither runs on the
         event loop (xxhash releases the GIL). Never called for one chunk concurrently."""
         if self.deferred is not None:
-            head, kind, record = self.deferred
+            head, kind, seed, record = self.deferred
             _, payload = self.parts()
-            head.checksum = checksum(kind, payload)
+            head.checksum = checksum(kind, payload, seed)
             self.checksum = int(head.checksum)
             self.encoded = (head.SerializeToString(), payload)
             record(self.seq, self.checksum)
@@ -153,16 +153,23 @@ class OutChunk:
 
 
 def encode_chunk(
-    data: memoryview, codec: Codec, level: int, kind: Checksum, head: Any, lazy: bool
+    data: memoryview,
+    codec: Codec,
+    level: int,
+    kind: Checksum,
+    head: Any,
+    lazy: bool,
+    seed: int,
 ) -> tuple[bytes | tuple[bytes, memoryview], int, float]:
     """Build a Chunk frame (blocking): the small fields through protobuf, the payload
     appended by hand so that uncompressed data is copied once, not three times; with
     ``lazy`` (uncompressed slice of immutable bytes) not at all until it is written.
+    ``seed``: the chunk's :func:`grpc_kv.codec.chunk_seed`, which the checksum covers.
     Returns (encoded, payload length, seconds spent compressing)."""
     start = time.perf_counter()
     payload: bytes | memoryview = data if codec is Codec.NONE else compress(codec, data, level)
     spent = time.perf_counter() - start
-    head.checksum = checksum(kind, data)
+    head.checksum = checksum(kind, data, seed)
     small = head.SerializeToString()
     if lazy and codec is Codec.NONE:
         return (small, data), len(data), spent

@@ -26,7 +26,7 @@ from grpc_kv.api import (
     TLSConfig,
     TransferHeader,
 )
-from grpc_kv.codec import Checksum, checksum
+from grpc_kv.codec import Checksum, checksum, chunk_seed
 from grpc_kv.protocol import pb
 
 FP = Fingerprint("a" * 64, "arch-1")
@@ -102,6 +102,7 @@ class RawClient:
             session=session,
             deadline_ms=10_000,
             checksum=checksum,
+            header_digest=header.digest(),
         )
         return await self._method("Begin", pb.BeginReply)(request.SerializeToString(), timeout=5)
 
@@ -125,8 +126,25 @@ class RawClient:
         await self.channel.close(None)
 
 
+def chunk_checksum(
+    header: TransferHeader | str,
+    seq: int,
+    layer: str,
+    offset: int,
+    data: bytes,
+    *,
+    final: bool = False,
+    raw_length: int | None = None,
+) -> int:
+    """What a correct sender states for these bytes at this place (xxh3, header-bound); for a
+    bare transfer id (a transfer never begun) the header digest is taken as 0."""
+    digest = header.digest() if isinstance(header, TransferHeader) else 0
+    length = len(data) if raw_length is None else raw_length
+    return checksum(Checksum.XXH3, data, chunk_seed(digest, seq, layer, offset, length, final))
+
+
 def chunk_frame(
-    transfer_id: str,
+    header: TransferHeader | str,
     seq: int,
     layer: str,
     offset: int,
@@ -138,7 +156,11 @@ def chunk_frame(
     raw_length: int | None = None,
     corrupt: bool = False,
 ) -> bytes:
-    value = checksum(Checksum.XXH3, data) ^ (1 if corrupt else 0)
+    """A Chunk frame as a correct sender writes it (checksum included) unless told otherwise:
+    another payload, raw_length or codec than ``data`` implies, or a wrong checksum."""
+    value = chunk_checksum(header, seq, layer, offset, data, final=final, raw_length=raw_length)
+    value ^= 1 if corrupt else 0
+    transfer_id = header.transfer_id if isinstance(header, TransferHeader) else header
     return bytes(
         pb.Chunk(
             transfer_id=transfer_id,

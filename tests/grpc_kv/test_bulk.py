@@ -25,10 +25,18 @@ from grpc_kv.api import (
     open_transfer,
 )
 from grpc_kv.bulk import ACK_PREFIX, MAGIC, PREFIX
-from grpc_kv.codec import Checksum, Codec, checksum, compress
+from grpc_kv.codec import Codec, compress
 from grpc_kv.faultproxy import FaultProxy, Flip
 from grpc_kv.protocol import pb
-from tests.grpc_kv.kvtest import INSECURE, RawClient, make_header, receiver, run, tensor_bytes
+from tests.grpc_kv.kvtest import (
+    INSECURE,
+    RawClient,
+    chunk_checksum,
+    make_header,
+    receiver,
+    run,
+    tensor_bytes,
+)
 from tests.grpc_kv.test_faults import MARKER, marked_chunks
 from tests.support import connections_to
 
@@ -268,21 +276,35 @@ def hello(transfer_id, session="s1"):
     ).SerializeToString()
 
 
-def head(transfer_id, seq, layer, data, **kw):
+def head(header, seq, layer, data, **kw):
+    """A chunk head of ``header``'s transfer (or of a bare transfer id), with the checksum a
+    correct sender states (header-bound) unless ``checksum`` is given."""
     fields = {
-        "transfer_id": transfer_id,
+        "transfer_id": getattr(header, "transfer_id", header),
         "seq": seq,
         "layer": layer,
         "offset": 0,
         "raw_length": len(data),
-        "checksum": checksum(Checksum.XXH3, data),
     }
     fields.update(kw)
+    fields.setdefault(
+        "checksum",
+        chunk_checksum(
+            header,
+            seq,
+            layer,
+            fields["offset"],
+            data,
+            final=fields.get("layer_final", False),
+            raw_length=fields["raw_length"],
+        ),
+    )
     return pb.Chunk(**fields).SerializeToString()
 
 
-def bad_sessions(tid):
+def bad_sessions(header):
     """(name, function writing a bad connection) -> each must be refused."""
+    tid = header.transfer_id
     ok = b"x" * 1000
     return {
         "bad magic": lambda c: c.send(b"GET / HTTP/1.1\r\n\r\n"),
@@ -293,17 +315,17 @@ def bad_sessions(tid):
         "payload longer than declared": lambda c: (
             c.send(MAGIC),
             c.frame(hello(tid)),
-            c.frame(head(tid, 0, "kv", ok), ok + b"extra"),
+            c.frame(head(header, 0, "kv", ok), ok + b"extra"),
         ),
         "oversize chunk": lambda c: (
             c.send(MAGIC),
             c.frame(hello(tid)),
-            c.frame(head(tid, 0, "kv", b"", raw_length=200 << 20), b"", declared=200 << 20),
+            c.frame(head(header, 0, "kv", b"", raw_length=200 << 20), b"", declared=200 << 20),
         ),
         "unknown layer": lambda c: (
             c.send(MAGIC),
             c.frame(hello(tid)),
-            c.frame(head(tid, 0, "nope", ok), ok),
+            c.frame(head(header, 0, "nope", ok), ok),
         ),
         "other transfer in a chunk": lambda c: (
             c.send(MAGIC),
@@ -322,7 +344,12 @@ EXPECTED_CODE = {
 async def begin_bulk(raw, header):
     """Begin ``header``'s transfer by hand (session ``s1``), asking for the bulk data path."""
     request = pb.BeginRequest(
-        protocol_version=1, header=header.to_pb(), session="s1", deadline_ms=20_000, want_bulk=True
+        protocol_version=1,
+        header=header.to_pb(),
+        session="s1",
+        deadline_ms=20_000,
+        want_bulk=True,
+        header_digest=header.digest(),
     )
     return await raw._method("Begin", pb.BeginReply)(request.SerializeToString(), timeout=5)
 
@@ -335,7 +362,7 @@ def test_malformed_frames_on_the_data_port_are_refused_and_the_server_keeps_serv
             reply = await begin_bulk(raw, header)
             port = reply.bulk_port
             outcomes = {}
-            for name, write in bad_sessions(header.transfer_id).items():
+            for name, write in bad_sessions(header).items():
 
                 def exchange(write=write):
                     conn = RawBulk(port)
@@ -376,10 +403,13 @@ def test_corrupt_chunk_on_the_data_port_is_answered_resend_and_never_stored():
                 conn.send(MAGIC)
                 conn.frame(hello(tid))
                 conn.frame(
-                    head(tid, 0, "kv", data, checksum=checksum(Checksum.XXH3, data) ^ 1), data
+                    head(
+                        header, 0, "kv", data, checksum=chunk_checksum(header, 0, "kv", 0, data) ^ 1
+                    ),
+                    data,
                 )
-                conn.frame(head(tid, 0, "kv", data), data)
-                conn.frame(head(tid, 0, "kv", data), data)  # a duplicate: acknowledged again
+                conn.frame(head(header, 0, "kv", data), data)
+                conn.frame(head(header, 0, "kv", data), data)  # a duplicate: acknowledged again
                 conn.send(PREFIX.pack(0, 0))
                 return conn.acks()
 
@@ -412,12 +442,12 @@ def test_kept_chunks_land_in_buffers_of_their_own_that_the_connection_never_reus
                 conn = RawBulk(reply.bulk_port)
                 conn.send(MAGIC)
                 conn.frame(hello(tid))
-                conn.frame(head(tid, 0, "kv", plain), plain)
+                conn.frame(head(header, 0, "kv", plain), plain)
                 zipped = compress(Codec.ZSTD, packed)
-                second = head(tid, 1, "kv", packed, offset=len(plain), codec=pb.CODEC_ZSTD)
+                second = head(header, 1, "kv", packed, offset=len(plain), codec=pb.CODEC_ZSTD)
                 conn.frame(second, zipped)
                 end = len(plain) + len(packed)
-                conn.frame(head(tid, 2, "kv", last, offset=end, layer_final=True), last)
+                conn.frame(head(header, 2, "kv", last, offset=end, layer_final=True), last)
                 conn.send(PREFIX.pack(0, 0))
                 return conn.acks()
 
@@ -461,13 +491,13 @@ def test_a_trickled_payload_is_read_per_megabyte_and_the_frames_after_it_at_once
                 conn = RawBulk(reply.bulk_port)
                 conn.send(MAGIC)
                 conn.frame(hello(tid))
-                first = head(tid, 0, "kv", big)
+                first = head(header, 0, "kv", big)
                 conn.send(PREFIX.pack(len(first), len(big)) + first)
                 for start in range(0, len(big), 64 * 1024):
                     conn.send(big[start : start + 64 * 1024])
                     time.sleep(0.002)
                 acks = [conn.next_ack()]
-                conn.frame(head(tid, 1, "kv", small, offset=len(big), layer_final=True), small)
+                conn.frame(head(header, 1, "kv", small, offset=len(big), layer_final=True), small)
                 acks.append(conn.next_ack())
                 conn.send(PREFIX.pack(0, 0))
                 conn.acks()

@@ -14,6 +14,7 @@ BOMB = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(256 << 
 
 
 def bad_frames(tid):
+    """Frames of transfer ``tid`` (a header, for checksums that a correct sender states)."""
     return {
         "not protobuf": b"\xff\xff\xff\xff\x0f garbage",
         "unknown layer": chunk_frame(tid, 0, "nope", 0, b"abc"),
@@ -41,7 +42,7 @@ def test_bad_frame_is_invalid_argument_and_others_still_transfer(kind, checksum)
             bad = make_header({"l0": 4096})
             await raw.begin(bad, checksum=checksum)
             with pytest.raises(grpc.aio.AioRpcError) as err:
-                await raw.push([bad_frames(bad.transfer_id)[kind]])
+                await raw.push([bad_frames(bad)[kind]])
             await raw.close()
             # Another transfer on the same server is unaffected.
             good = make_header({"l0": 0})
@@ -79,11 +80,10 @@ def test_corrupt_chunk_is_answered_resend_and_never_delivered():
             raw = RawClient(target)
             header = make_header({"l0": 0})
             await raw.begin(header)
-            tid = header.transfer_id
             acks = await raw.push(
                 [
-                    chunk_frame(tid, 0, "l0", 0, b"good", corrupt=True),
-                    chunk_frame(tid, 0, "l0", 0, b"good"),
+                    chunk_frame(header, 0, "l0", 0, b"good", corrupt=True),
+                    chunk_frame(header, 0, "l0", 0, b"good"),
                 ]
             )
             failures = server.metrics.value("pdbridge_kv_checksum_failures_total", role="receiver")

@@ -298,6 +298,61 @@ def test_what_a_broken_receiver_sends_fails_the_engine_naming_it(tmp_path, answe
     run(scenario())
 
 
+SIZED_HEADER = frame(pb.Segment(header=make_header({"l0": 8}).to_pb()).SerializeToString())
+
+
+def seg(layer: str, offset: int, data: bytes, final: bool = False) -> bytes:
+    head = pb.Segment(layer=layer, offset=offset, layer_final=final).SerializeToString()
+    return frame(head, data=data)
+
+
+END = PREFIX.pack(0, 0)
+
+
+@pytest.mark.parametrize(
+    ("answer", "named"),
+    [
+        (seg("l0", 0, b"abcd") + seg("l0", 2, b"cdef"), "at offset 2 overlaps byte 4"),
+        (seg("l0", 0, b"ab") + seg("l0", 4, b"efgh"), "at offset 4 leaves a hole before byte 2"),
+        (seg("l0", 0, b"abcdefgh", final=True) + seg("l0", 8, b""), "after its final chunk"),
+        (seg("l0", 0, b"abcdefghij"), "past its declared length 8"),
+        (seg("l0", 0, b"abcd", final=True), "short of its declared length 8"),
+        (seg("l9", 0, b"abcd"), "'l9' is not in the layout manifest"),
+        (seg("l0", 0, b"abcd") + END, "layer 'l0' is incomplete: 4 of 8 bytes"),
+    ],
+    ids=["overlap", "hole", "after final", "too long", "short", "unknown layer", "incomplete"],
+)
+def test_a_receiver_that_misplaces_bytes_fails_the_engine_naming_where(tmp_path, answer, named):
+    """The engine checks the coverage of what reaches it too: however the receiver errs, no
+    segment lands on a byte twice, past a hole or outside its layer, and a transfer that ends
+    with a layer short is a failure, not a success."""
+    socket_path = tmp_path / "fake.sock"
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(socket_path))
+        listener.listen(1)
+        listener.setblocking(False)
+
+        async def fake_receiver():
+            conn, _ = await loop.sock_accept(listener)
+            conn.setblocking(False)
+            await loop.sock_recv(conn, 65536)  # the request
+            await loop.sock_sendall(conn, SIZED_HEADER + answer)
+            conn.close()
+
+        serving = asyncio.create_task(fake_receiver())
+        try:
+            with pytest.raises(TransferFailed, match=f"layer coverage: .*{named}"):
+                await read_through(socket_path, "t-1", deadline=2.0)
+        finally:
+            await serving
+            listener.close()
+
+    run(scenario())
+
+
 def test_an_engine_without_a_receiver_is_told_so(tmp_path):
     with pytest.raises(TransferFailed, match="cannot reach the receiver"):
         run(read_through(tmp_path / "nobody.sock", "t-1", deadline=1.0))

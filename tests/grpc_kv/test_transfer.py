@@ -23,6 +23,7 @@ from tests.grpc_kv.kvtest import (
     OTHER_FP,
     RawClient,
     bf16_normal,
+    chunk_checksum,
     chunk_frame,
     make_header,
     receiver,
@@ -251,13 +252,14 @@ def test_duplicate_and_reordered_chunks_are_idempotent():
             tid = header.transfer_id
             await raw.begin(header)
             frames = [
-                chunk_frame(tid, i, "l0", i * 1000, d, final=i == 4) for i, d in enumerate(data)
+                chunk_frame(header, i, "l0", i * 1000, d, final=i == 4) for i, d in enumerate(data)
             ]
             order = [3, 1, 1, 0, 4, 3, 2, 0]
             acks = await raw.push([frames[i] for i in order])
-            from grpc_kv.codec import Checksum, checksum
-
-            sums = [checksum(Checksum.XXH3, d) for d in data]
+            sums = [
+                chunk_checksum(header, i, "l0", i * 1000, d, final=i == 4)
+                for i, d in enumerate(data)
+            ]
             finish = await raw.finish(tid, 5, 5000, transfer_digest(sums))
             _, segments = await collect(server, tid)
             await raw.close()
@@ -278,7 +280,7 @@ def test_finish_with_missing_chunks_reports_them():
             raw = RawClient(target)
             header = make_header({"l0": 0})
             await raw.begin(header)
-            await raw.push([chunk_frame(header.transfer_id, 0, "l0", 0, b"abc")])
+            await raw.push([chunk_frame(header, 0, "l0", 0, b"abc")])
             reply = await raw.finish(header.transfer_id, 3, 9, 0)
             await raw.close()
             return reply
@@ -346,7 +348,7 @@ def test_incomplete_transfer_expires_after_ttl_and_frees_memory():
             raw = RawClient(target)
             header = make_header({"l0": 0})
             await raw.begin(header)
-            await raw.push([chunk_frame(header.transfer_id, 0, "l0", 0, b"x" * 5000)])
+            await raw.push([chunk_frame(header, 0, "l0", 0, b"x" * 5000)])
             held = server.memory_in_use
             await asyncio.sleep(0.8)
             with pytest.raises(TransferFailed, match="ttl"):

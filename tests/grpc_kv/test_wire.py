@@ -9,10 +9,17 @@ import sys
 import pytest
 
 from grpc_kv.api import LinkOptions, open_transfer
-from grpc_kv.codec import Checksum, checksum
 from grpc_kv.protocol import pb
 from grpc_kv.wire import CHUNK_PAYLOAD_FIELD, FrameError, split_field, with_field
-from tests.grpc_kv.kvtest import INSECURE, RawClient, chunk_frame, make_header, receiver, run
+from tests.grpc_kv.kvtest import (
+    INSECURE,
+    RawClient,
+    chunk_checksum,
+    chunk_frame,
+    make_header,
+    receiver,
+    run,
+)
 from tests.support import subprocess_env, unavailable
 
 
@@ -88,7 +95,7 @@ def test_receiver_accepts_a_frame_with_the_payload_before_the_small_fields():
                 layer="l0",
                 layer_final=True,
                 raw_length=len(data),
-                checksum=checksum(Checksum.XXH3, data),
+                checksum=chunk_checksum(header, 0, "l0", 0, data, final=True),
             ).SerializeToString()
             consumer = asyncio.create_task(server.open(header.transfer_id, 10.0))
             acks = await raw.push([pb.Chunk(payload=data).SerializeToString() + small])
