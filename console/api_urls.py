@@ -14,4 +14,5 @@ urlpatterns = [
     path("", include("console.schedules.api.urls")),
     path("", include("console.alerts.api.urls")),
     path("", include("console.drills.api.urls")),
+    path("", include("console.gatewaykeys.api.urls")),
 ]

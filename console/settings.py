@@ -224,6 +224,7 @@ INSTALLED_APPS = [
     "console.schedules",
     "console.alerts",
     "console.drills",
+    "console.gatewaykeys",
 ]
 
 MIDDLEWARE = [

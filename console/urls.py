@@ -24,6 +24,7 @@ urlpatterns = [
     path("", include("console.runs.urls")),
     path("", include("console.drills.urls")),
     path("", include("console.schedules.urls")),
+    path("", include("console.gatewaykeys.urls")),
     path("planner/", include("console.planner.urls")),
     path("admin/", admin.site.urls),
     path("api/", include("console.api_urls")),

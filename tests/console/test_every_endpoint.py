@@ -133,6 +133,12 @@ class Op:
     before: Callable[[Any], Any] | None = None
 
 
+def _gateway_key(w: Any) -> None:
+    from console.gatewaykeys.services import gateway_key_create
+
+    w.gateway_key, _ = gateway_key_create(actor=None, deployment=w.deployment, name="team-w")
+
+
 def _site(w: Any) -> dict[str, Any]:
     return {"name": "new-site", "role": "prefill"}
 
@@ -595,6 +601,29 @@ OPS: dict[tuple[str, str], Op] = {
     ),
     ("GET", "/api/drill-reports/"): Op("/api/drill-reports/", "viewer", 200),
     ("GET", "/api/drill-reports/{id}/"): Op("/api/drill-reports/{w.report.pk}/", "viewer", 200),
+    # gateway keys
+    ("GET", "/api/gateway-keys/"): Op("/api/gateway-keys/", "viewer", 200),
+    ("POST", "/api/gateway-keys/"): Op(
+        "/api/gateway-keys/",
+        "admin",
+        201,
+        body=lambda w: {"deployment": w.deployment.pk, "name": "team-x"},
+    ),
+    ("GET", "/api/gateway-keys/{id}/"): Op(
+        "/api/gateway-keys/{w.gateway_key.pk}/", "viewer", 200, before=_gateway_key
+    ),
+    ("POST", "/api/gateway-keys/{id}/revoke/"): Op(
+        "/api/gateway-keys/{w.gateway_key.pk}/revoke/", "admin", 200, before=_gateway_key
+    ),
+    ("GET", "/api/deployments/{id}/gateway-access/"): Op(
+        "/api/deployments/{w.deployment.pk}/gateway-access/", "viewer", 200
+    ),
+    ("PUT", "/api/deployments/{id}/gateway-access/"): Op(
+        "/api/deployments/{w.deployment.pk}/gateway-access/",
+        "admin",
+        200,
+        body=lambda w: {"require_client_keys": True},
+    ),
 }
 
 METHODS = {"get", "post", "put", "patch", "delete"}
