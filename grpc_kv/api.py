@@ -36,7 +36,13 @@ from grpc_kv.metrics import LinkMetrics
 from grpc_kv.options import LinkOptions, ReceiverOptions
 from grpc_kv.probe import loopback, probe
 from grpc_kv.receiver import ReceiverServer
-from grpc_kv.results import TransferError, TransferRefused, TransferSummary, TransferTimeout
+from grpc_kv.results import (
+    PeerRefused,
+    TransferError,
+    TransferRefused,
+    TransferSummary,
+    TransferTimeout,
+)
 from grpc_kv.sender import Transfer, open_transfer
 from grpc_kv.store import FingerprintMismatch, Segment, TransferFailed, TransferReader
 from grpc_kv.tls import PeerRejected, TLSConfig
@@ -54,6 +60,7 @@ __all__ = [
     "Link",
     "LinkMetrics",
     "LinkOptions",
+    "PeerRefused",
     "PeerRejected",
     "ReceiverOptions",
     "ReceiverServer",

@@ -28,6 +28,17 @@ class TransferRefused(TransferError):
     """The receiver refused (fingerprint, version, id reuse, peer not allowed, bad frame)."""
 
 
+class PeerRefused(TransferRefused):
+    """Sender and receiver do not accept each other: a TLS handshake refused (a certificate
+    untrusted, expired or for another name, plaintext against TLS or the reverse) or the
+    sender's certificate not on the receiver's allowlist. Raised at the first attempt, never
+    retried: no retry can fix it. ``reason``: ``tls`` or ``not_allowed``."""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None, reason: str) -> None:
+        super().__init__(message, code)
+        self.reason = reason
+
+
 @dataclass
 class TransferSummary:
     """What a finished transfer cost: returned by :meth:`Transfer.finish`."""

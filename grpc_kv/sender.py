@@ -39,11 +39,13 @@ from grpc_kv.codec import (
     split,
     transfer_digest,
 )
+from grpc_kv.handshake import diagnose, refusal_in_details
 from grpc_kv.link import EOF, Link
 from grpc_kv.manifest import TransferHeader
 from grpc_kv.options import LinkOptions
 from grpc_kv.protocol import PROTOCOL_VERSION, pb
 from grpc_kv.results import (
+    PeerRefused,
     TransferError,
     TransferRefused,
     TransferSummary,
@@ -213,12 +215,17 @@ class Transfer:
         start one stream worker per connection."""
         self._deadline_task = asyncio.create_task(self._wake_at_deadline())
         attempt = 0
+        diagnosed = False
         while True:
             self._raise_if_failed()
             try:
                 await self._begin(resume=False)
                 break
             except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.UNAVAILABLE and not diagnosed:
+                    # Once per transfer: a refused handshake is final, whatever grpcio says.
+                    diagnosed = True
+                    await self._diagnose(exc)
                 self._handle_rpc_error(exc, "begin")
                 await asyncio.sleep(min(self._backoff(attempt), max(self.remaining(), 0)))
                 attempt += 1
@@ -231,8 +238,26 @@ class Transfer:
             for i in range(len(self.link.channels))
         ]
 
+    async def _diagnose(self, exc: grpc.aio.AioRpcError) -> None:
+        """Fail at once (PeerRefused) when a connection error is a refused TLS handshake;
+        otherwise return and let the caller retry."""
+        timeout = max(0.05, min(self.options.rpc_timeout_ms / 1000, self.remaining()))
+        reason = await diagnose(self.link.target, self.link.tls, exc.details() or "", timeout)
+        if reason is not None:
+            self._refused(PeerRefused(f"begin: TLS refused: {reason}", exc.code(), "tls"))
+
+    def _refused(self, error: PeerRefused) -> None:
+        self.link.metrics.rejected_peers.labels(ROLE, error.reason).inc()
+        self._fail(error)
+        raise error
+
     def _handle_rpc_error(self, exc: grpc.aio.AioRpcError, what: str) -> None:
         code = exc.code()
+        details = exc.details() or ""
+        if code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED):
+            self._refused(PeerRefused(f"{what}: {code.name}: {details}", code, "not_allowed"))
+        if code is grpc.StatusCode.UNAVAILABLE and (reason := refusal_in_details(details)):
+            self._refused(PeerRefused(f"{what}: TLS refused: {reason}", code, "tls"))
         if code in _FATAL:
             self._fail(TransferRefused(f"{what}: {code.name}: {exc.details()}", code))
             raise self._error  # type: ignore[misc]
@@ -531,11 +556,11 @@ class Transfer:
                 OSError,  # the bulk data path: refused, reset, unreachable, TLS failure
             ) as exc:
                 if isinstance(exc, OSError) and is_certificate_error(exc):
-                    self._fail(
-                        TransferRefused(
-                            f"bulk: TLS handshake refused: {exc}", grpc.StatusCode.UNAVAILABLE
-                        )
+                    error = PeerRefused(
+                        f"bulk: TLS handshake refused: {exc}", grpc.StatusCode.UNAVAILABLE, "tls"
                     )
+                    with contextlib.suppress(PeerRefused):
+                        self._refused(error)
                 self.broken_calls += 1
                 if isinstance(exc, grpc.aio.AioRpcError):
                     with contextlib.suppress(TransferError):

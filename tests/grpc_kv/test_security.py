@@ -2,15 +2,19 @@
 
 import asyncio
 import shutil
+import time
 
 import grpc
 import pytest
 
 from grpc_kv.api import (
     LinkOptions,
+    PeerRefused,
+    ReceiverOptions,
     TLSConfig,
     TransferError,
     TransferRefused,
+    TransferTimeout,
     create_node_cert,
     open_transfer,
 )
@@ -75,20 +79,90 @@ def test_client_without_a_certificate_is_refused(pki):
     assert run(scenario()) == grpc.StatusCode.UNAVAILABLE
 
 
-@pytest.mark.parametrize("client", ["foreign-ca", "plaintext"])
-def test_client_from_another_ca_or_in_plaintext_cannot_transfer(pki, client):
-    async def scenario():
-        async with receiver(tls=tls_for(pki, "site-b")) as (server, target):
-            tls = (
-                tls_for(pki, "foreign", server_name="site-b")
-                if client == "foreign-ca"
-                else TLSConfig(insecure=True)
-            )
-            with pytest.raises(TransferError):
-                await send_one(target, tls)
-            return server.metrics.value("pdbridge_kv_bytes_raw_total", role="receiver")
+def sender_tls(pki, tmp_path, case):
+    """The sender's TLS for one refusal case (and what the receiver runs with)."""
+    if case == "plaintext sender":
+        return TLSConfig(insecure=True)
+    if case == "sender from another CA":  # trusts site-b's CA, its own certificate is foreign
+        return TLSConfig(
+            ca_file=pki["site-a"].ca_file,
+            cert_file=pki["foreign"].cert_file,
+            key_file=pki["foreign"].key_file,
+            server_name="site-b",
+        )
+    if case == "sender trusting another CA":
+        return tls_for(pki, "foreign", server_name="site-b")
+    if case == "expired sender certificate":
+        expired = create_node_cert(pki["ca"], tmp_path, "site-a", days=0)
+        return TLSConfig(
+            ca_file=expired.ca_file,
+            cert_file=expired.cert_file,
+            key_file=expired.key_file,
+            server_name="site-b",
+        )
+    if case == "wrong server name":
+        return tls_for(pki, "site-a", server_name="not-site-b")
+    if case == "not on the allowlist":
+        return tls_for(pki, "intruder", server_name="site-b")
+    raise AssertionError(case)
 
-    assert run(scenario()) == 0
+
+REFUSALS = {
+    "plaintext sender": ("tls", "requires TLS; this sender is configured for plaintext"),
+    "sender from another CA": ("tls", "refused this sender's certificate"),
+    "sender trusting another CA": ("tls", "not trusted by this sender"),
+    "expired sender certificate": ("tls", "refused this sender's certificate"),
+    "wrong server name": ("tls", "names another host"),
+    "not on the allowlist": ("not_allowed", "'intruder' is not on the allowlist"),
+}
+
+
+@pytest.mark.parametrize("data_path", ["grpc", "bulk"])
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_a_refused_handshake_or_peer_fails_at_once_naming_why(pki, tmp_path, case, data_path):
+    """A certificate or protocol refusal is final: the sender fails within one round trip
+    plus a second with the reason, instead of retrying it as UNAVAILABLE until its
+    deadline (20 s here) and reporting a timeout."""
+    options = LinkOptions(timeout_ms=20_000, rpc_timeout_ms=2000, data_path=data_path)
+
+    async def scenario():
+        server_tls = tls_for(pki, "site-b", allowed_peers=["site-a"])
+        async with receiver(ReceiverOptions(bulk=True), tls=server_tls) as (server, target):
+            tls = sender_tls(pki, tmp_path, case)
+            started = time.monotonic()
+            with pytest.raises(PeerRefused) as err:
+                await send_one(target, tls, options)
+            elapsed = time.monotonic() - started
+            received = server.metrics.value("pdbridge_kv_bytes_raw_total", role="receiver")
+            return err.value, elapsed, received
+
+    error, elapsed, received = run(scenario())
+
+    reason, words = REFUSALS[case]
+    assert error.reason == reason
+    assert words in str(error)
+    assert elapsed < 1.5  # one round trip on loopback, plus a second
+    assert received == 0
+
+
+def test_a_receiver_that_is_down_is_retried_until_the_deadline_not_refused(pki):
+    """Only a refusal is final: a receiver not yet listening is a timeout after retries."""
+    import socket
+
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        port = probe_socket.getsockname()[1]
+
+    async def scenario():
+        started = time.monotonic()
+        with pytest.raises(TransferError) as err:
+            await send_one(f"127.0.0.1:{port}", tls_for(pki, "site-a", server_name="site-b"))
+        return err.value, time.monotonic() - started
+
+    error, elapsed = run(scenario())
+
+    assert type(error) is TransferTimeout
+    assert elapsed >= FAST_FAIL.timeout_ms / 1000 * 0.9
 
 
 def test_server_certificate_is_reloaded_without_restart(pki, tmp_path):
