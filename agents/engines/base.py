@@ -61,6 +61,11 @@ PULL_PREFILL_KV: Mapping[str, Any] = MappingProxyType(
 #: whose manifest is not its model's layout, and the gateway's fallback cause for it (a
 #: sender bug or a tampered header, unlike a timeout: worth an alert of its own).
 KV_IMPORT_REFUSED = "kv_import_refused"
+#: The prefill engine's error code (503 ``kv_transfer_error``) when the decode site's KV
+#: receiver and it do not accept each other (a TLS handshake refused, the sender's certificate
+#: not on the receiver's allowlist), and the gateway's fallback cause for it: a certificate or
+#: allowlist to fix, never a transient fault.
+KV_PEER_REFUSED = "kv_peer_refused"
 
 
 def push_kv_params(

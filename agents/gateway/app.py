@@ -27,13 +27,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agents.engines.base import (
-    KV_IMPORT_REFUSED,
     PULL_PREFILL_KV,
     pulled_kv_params,
     push_kv_params,
 )
 from agents.gateway.access import ClientKeys, admit
 from agents.gateway.budget import FallbackBudget
+from agents.gateway.causes import kv_cause, prefill_cause
 from agents.gateway.config import DeploymentConfig, GatewaySettings, Instance
 from agents.gateway.decision import Decision
 from agents.gateway.logs import request_id_var
@@ -107,18 +107,6 @@ class _Call:
     parsed: ParsedRequest
     config: DeploymentConfig
     decision: Decision
-
-
-def _kv_cause(error: BaseException) -> str | None:
-    """The fallback cause of a decode leg that failed naming the KV (None when it did not):
-    ``kv_import_refused`` when the engine refused the transfer's manifest (its error code
-    says so), else ``kv_transfer``."""
-    if not (isinstance(error, LegError) and "kv" in error.detail.lower()):
-        return None
-    doc = _json_or_none(error.detail.encode())
-    body = doc.get("error") if isinstance(doc, dict) else None
-    code = body.get("code") if isinstance(body, dict) else None
-    return KV_IMPORT_REFUSED if code == KV_IMPORT_REFUSED else "kv_transfer"
 
 
 def _json_or_none(body: bytes) -> Any:
@@ -481,14 +469,17 @@ class Gateway:
                     raise Rejected(prefill_error)
                 if prefill_error is not None:
                     verdict = False
-                    timed_out = (
-                        isinstance(prefill_error, LegError) and prefill_error.cause == "timeout"
-                    )
+                    cause = prefill_cause(prefill_error)
                     log.warning(
                         "gateway.prefill_failed",
-                        extra={"site": site, "url": prefill.url, "error": str(prefill_error)[:500]},
+                        extra={
+                            "site": site,
+                            "url": prefill.url,
+                            "cause": cause,
+                            "error": str(prefill_error)[:500],
+                        },
                     )
-                    raise Fallback("prefill_timeout" if timed_out else "prefill_error")
+                    raise Fallback(cause)
             if decode_task is None:
                 pulled = pulled_kv_params(_json_or_none(prefill_task.result()))
                 if pulled is None:
@@ -519,13 +510,13 @@ class Gateway:
                 verdict = True if prefill_s is not None else None
                 raise Rejected(decode_error)
             if decode_error is not None:
-                kv_cause = _kv_cause(decode_error)
-                verdict = False if kv_cause else (True if prefill_s is not None else None)
+                kv_failure = kv_cause(decode_error)
+                verdict = False if kv_failure else (True if prefill_s is not None else None)
                 log.warning(
                     "gateway.decode_leg_failed",
                     extra={"url": decode.url, "error": str(decode_error)[:500]},
                 )
-                raise Fallback(kv_cause or "decode_error")
+                raise Fallback(kv_failure or "decode_error")
             verdict = True
             success = True
             return decode_task.result()

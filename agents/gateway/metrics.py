@@ -23,6 +23,7 @@ FALLBACK_CAUSES = (
     "prefill_timeout",
     "kv_transfer",
     "kv_import_refused",
+    "kv_peer_refused",
     "kv_timeout",
     "decode_error",
 )

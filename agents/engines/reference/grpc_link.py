@@ -34,6 +34,7 @@ from agents.engines.reference.transport import (
     TransferError,
     TransferHeader,
     TransferLinkError,
+    TransferPeerRefused,
     TransferRejected,
     TransferSummary,
     TransferTimeout,
@@ -255,6 +256,8 @@ def _map_error(exc: BaseException) -> TransferError:
     text = str(exc)
     if isinstance(exc, kv.FingerprintMismatch) or "fingerprint" in text:
         return TransferRejected(text)
+    if isinstance(exc, kv.PeerRefused):
+        return TransferPeerRefused(text)
     if isinstance(exc, kv.TransferTimeout) or "deadline" in text:
         return TransferTimeout(text)
     if isinstance(exc, kv.TransferRefused):

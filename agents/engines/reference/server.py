@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from agents.engines.base import KV_PEER_REFUSED
 from agents.engines.reference import kvstate
 from agents.engines.reference.auth import api_key_middleware
 from agents.engines.reference.metrics import EngineMetrics
@@ -338,9 +339,10 @@ class ReferenceEngine:
                 # What the link did not hide behind compute: the wait after the last chunk.
                 sess.timings["compute_s"] = t_computed - t0
                 sess.timings["kv_tail_s"] = time.monotonic() - t_computed
-            except TransferError:
+            except TransferError as exc:
                 await asyncio.shield(streamer.abort("transfer failed"))
-                self.metrics.kv_transfers.labels(direction="send", outcome="failed", **labels).inc()
+                outcome = exc.reason if exc.reason == KV_PEER_REFUSED else "failed"
+                self.metrics.kv_transfers.labels(direction="send", outcome=outcome, **labels).inc()
                 raise
             except BaseException:
                 # Cancelled (the gateway dropped the prefill leg) or anything unexpected: the

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.engines.base import KV_IMPORT_REFUSED
+from agents.engines.base import KV_IMPORT_REFUSED, KV_PEER_REFUSED
 from agents.engines.reference.kvstate import KvLayoutError, Manifest, ManifestMismatch
 
 
@@ -43,6 +43,12 @@ class TransferTimeout(TransferError):
 
 class TransferRejected(TransferError):
     reason = "kv_rejected"
+
+
+class TransferPeerRefused(TransferRejected):
+    """The KV receiver and this sender do not accept each other (TLS or allowlist)."""
+
+    reason = KV_PEER_REFUSED
 
 
 class TransferCorrupt(TransferError):

@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
 
 from agents.engines.verify import compare, make_prompt
-from tests.agents.engines.client import decode_leg, post, prefill_leg
-from tests.agents.engines.conftest import ARCHS
+from tests.agents.engines.client import decode_leg, get, metric, post, prefill_leg
+from tests.agents.engines.conftest import ARCHS, engine_args, start_engine
 from tests.support import subprocess_env
 
 
@@ -57,6 +58,54 @@ def test_fingerprint_mismatch_over_grpc_is_refused(engine_pair, grpc_decode):
     assert status == 503
     assert data["error"]["code"] == "kv_rejected"
     assert "fingerprint" in data["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def allowlisted_decode(engine_pair, models_dir, kv_certs, tmp_path_factory):
+    """A decode engine whose KV listener admits only ``prefill-z``: the prefill engine's
+    certificate (``prefill-a``, same CA) is not on its allowlist."""
+    logs = tmp_path_factory.mktemp("logs-allowlist")
+    engine = start_engine(
+        [
+            *engine_args(models_dir, ["gemma3"]),
+            "--role",
+            "decode",
+            "--kv-listen",
+            "127.0.0.1:0",
+            *kv_certs["decode-b"],
+            "--kv-allowed-peer",
+            "prefill-z",
+        ],
+        logs / "decode-allowlist.log",
+    )
+    yield engine
+    engine.stop()
+
+
+def test_a_prefill_engine_off_the_receivers_allowlist_is_told_at_once_and_why(
+    engine_pair, allowlisted_decode
+):
+    """Refused by the receiver, the prefill engine answers 503 ``kv_peer_refused`` naming
+    its certificate within its link's first round trip -- not ``kv_timeout`` after the
+    link's deadline -- and counts it; the receiver logs the refused subject."""
+    prefill, _ = engine_pair
+    body = {"model": "gemma3", "prompt": "x" * 50, "max_tokens": 3, "temperature": 0}
+    tid = f"g-{uuid.uuid4().hex}"
+
+    started = time.monotonic()
+    status, _, data = prefill_leg(prefill.url, body, tid, allowlisted_decode.ready["kv_listen"])
+    elapsed = time.monotonic() - started
+    _, metrics = get(f"{prefill.url}/metrics")
+
+    assert status == 503
+    assert data["error"]["code"] == "kv_peer_refused"
+    assert "'prefill-a' is not on the allowlist" in data["error"]["message"]
+    assert elapsed < 4.0  # the link's deadline (4 s): refused, not timed out
+    sent = metric(
+        metrics, "pdbridge:kv_transfers_total", direction="send", outcome="kv_peer_refused"
+    )
+    assert sent >= 1
+    assert "prefill-a" in allowlisted_decode.log.read_text()
 
 
 def test_verify_cli_reports_match_as_json(engine_pair, grpc_decode, tmp_path):

@@ -14,7 +14,8 @@ decode leg finds the KV by that handle. Output tokens are a deterministic functi
 the prompt, so remote, local and fallback answers can be compared.
 
 Behaviour knobs (attributes, changeable mid-test): ``fail_status`` (answer every generation
-with this status), ``prefill_delay_s``, ``token_delay_s``, ``drop_kv`` (prefill answers 200
+with this status; ``fail_code``: the error code in its body, as a real engine names a KV
+failure), ``prefill_delay_s``, ``token_delay_s``, ``drop_kv`` (prefill answers 200
 but deposits nothing), ``die_after_events`` (close the connection mid-stream),
 ``omit_kv_params`` (a pull-mode prefill answers without ``kv_transfer_params``).
 """
@@ -56,6 +57,7 @@ class EngineDouble:
         self.kv = kv
         self.kv_timeout_s = kv_timeout_s
         self.fail_status: int | None = None
+        self.fail_code: str | None = None
         self.prefill_delay_s = 0.0
         self.token_delay_s = 0.0
         self.drop_kv = False
@@ -131,7 +133,13 @@ class EngineDouble:
     async def _generate(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         if self.fail_status is not None:
             return web.json_response(
-                {"error": {"message": "injected failure", "type": "server_error", "code": None}},
+                {
+                    "error": {
+                        "message": "injected failure",
+                        "type": "server_error",
+                        "code": self.fail_code,
+                    }
+                },
                 status=self.fail_status,
             )
         kv = body.get("kv_transfer_params") or {}
