@@ -172,7 +172,26 @@ def _wan(pools: list[Pool]) -> Item:
     )
 
 
-def _certificates(pools: list[Pool], now: datetime) -> Item:
+def _kv_identity_problem(
+    pool: Pool, node: Node, tls: dict[str, Any], extra_peers: list[str]
+) -> str | None:
+    """A prefill node whose certificate names neither its hostname nor an extra allowed peer
+    would be refused by the deployment's KV receivers (they allow prefill nodes by hostname).
+    Judged on the names the agent reports (subject CN and SANs); nothing reported, no verdict."""
+    if pool.role != PoolRole.PREFILL:
+        return None
+    names = [str(tls.get("subject") or ""), *(str(n) for n in tls.get("sans") or [])]
+    names = [n for n in names if n]
+    if not names or node.hostname in names or set(names) & set(extra_peers):
+        return None
+    return (
+        f"the certificate of {_label(pool, node)} names {', '.join(dict.fromkeys(names))}, not "
+        f"its hostname {node.hostname}: the KV receivers would refuse it (reissue it for "
+        "the hostname, or add its name to extra_allowed_peers)"
+    )
+
+
+def _certificates(pools: list[Pool], now: datetime, extra_peers: list[str]) -> Item:
     title = "Certificates and allowlist in place"
     nodes = _pool_nodes(pools)
     if not nodes:
@@ -194,6 +213,9 @@ def _certificates(pools: list[Pool], now: datetime) -> Item:
             continue
         if not tls.get("allowlist_size"):
             problems.append(f"{label} has an empty allowlist (its control API refuses everyone)")
+        problem = _kv_identity_problem(pool, node, tls, extra_peers)
+        if problem:
+            problems.append(problem)
         expiry = parse_datetime(str(tls.get("not_after") or ""))
         if expiry is None or expiry.tzinfo is None:
             problems.append(f"{label} reports no certificate expiry")
@@ -261,7 +283,7 @@ def readiness(deployment: Deployment, pools: list[Pool]) -> list[Item]:
         _weights(deployment, pools),
         _instances(pools),
         _wan(pools),
-        _certificates(pools, timezone.now()),
+        _certificates(pools, timezone.now(), list(deployment.extra_allowed_peers or [])),
         _monitoring(deployment),
         _drill(deployment),
     ]

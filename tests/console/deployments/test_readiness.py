@@ -11,6 +11,7 @@ import pytest
 from django.utils import timezone
 
 from console.deployments.readiness import readiness
+from console.deployments.services import deployment_update
 from console.inventory.services import node_heartbeat
 
 pytestmark = pytest.mark.django_db
@@ -190,6 +191,23 @@ def test_certificates_fail_on_expiry_within_14_days_mtls_off_or_empty_allowlist(
     detail = _item(world, "certificates").detail
     assert "dec-1@local has an empty allowlist (its control API refuses everyone)" in detail
     assert "the certificate of pre-1@remote expired on" in detail
+
+
+def test_certificates_fail_when_a_prefill_node_certificate_does_not_carry_its_hostname(world):
+    _beat(world, world.decode_node, "decode", tls=_tls(90, subject="dec-1", sans=["dec-1"]))
+    _beat(world, world.prefill_node, "prefill", tls=_tls(90, subject="gpu-7", sans=["10.1.0.5"]))
+
+    item = _item(world, "certificates")
+
+    assert item.state == "fail"
+    assert item.detail == (
+        "the certificate of pre-1@remote names gpu-7, 10.1.0.5, not its hostname pre-1: the KV "
+        "receivers would refuse it (reissue it for the hostname, or add its name to "
+        "extra_allowed_peers)"
+    )
+    deployment_update(actor=None, deployment=world.deployment, extra_allowed_peers=["gpu-7"])
+    world.deployment.refresh_from_db()
+    assert _item(world, "certificates").state == "pass"
 
 
 def test_certificates_unknown_until_every_agent_reported(world):
