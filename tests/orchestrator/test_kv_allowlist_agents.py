@@ -27,7 +27,14 @@ from console.deployments.config import build_config
 from console.deployments.models import Deployment
 from console.deployments.services import pool_create
 from console.inventory.models import Node
-from grpc_kv.api import LinkOptions, TLSConfig, TransferRefused, loopback, open_transfer
+from grpc_kv.api import (
+    LinkOptions,
+    PeerRefused,
+    TLSConfig,
+    TransferRefused,
+    loopback,
+    open_transfer,
+)
 from orchestrator import agentops
 from tests.agents.conftest import AgentProc, agent_config, free_port, start_agent
 from tests.agents.pki import Pki, make_pki
@@ -172,8 +179,9 @@ def test_kv_receivers_launched_by_the_orchestrator_admit_only_the_deployments_al
 
     refused = "peer 'intruder' is not on the allowlist (certificate CN=intruder; names intruder"
     for where in ("engine_intruder", "link_intruder"):
-        assert isinstance(results[where], TransferRefused), (where, results[where])
+        assert isinstance(results[where], PeerRefused), (where, results[where])
         assert results[where].code == grpc.StatusCode.PERMISSION_DENIED
+        assert results[where].reason == "not_allowed"
         assert refused in str(results[where])
     assert results["engine_prefill"].bytes_raw == 900
     assert results["link_prefill"].bytes_raw == 900
@@ -203,7 +211,8 @@ def test_the_decode_nodes_own_certificate_is_not_let_into_the_kv_link(bed):
 
         result = asyncio.run(push(f"127.0.0.1:{kv_link_port}", own))
 
-    assert isinstance(result, TransferRefused)
+    assert isinstance(result, PeerRefused)
+    assert result.reason == "not_allowed"
     assert "peer 'dec-1' is not on the allowlist" in str(result)
 
 
