@@ -7,15 +7,26 @@ proxy in the path.
 """
 
 import asyncio
+import contextlib
 import os
 
+import grpc
 import pytest
 
 from grpc_kv.api import LinkOptions, ReceiverOptions, TransferFailed, open_transfer
+from grpc_kv.codec import transfer_digest
 from grpc_kv.faultproxy import FaultProxy, Flip
 from grpc_kv.results import TransferError
 from grpc_kv.wire import varint
-from tests.grpc_kv.kvtest import INSECURE, make_header, receiver, run
+from tests.grpc_kv.kvtest import (
+    INSECURE,
+    RawClient,
+    chunk_checksum,
+    chunk_frame,
+    make_header,
+    receiver,
+    run,
+)
 
 CHUNK = 16 * 1024
 PER_LAYER = 8
@@ -158,4 +169,54 @@ def test_without_checksums_a_misplaced_chunk_fails_by_name_and_never_delivers(da
         assert "layer coverage" in str(outcome) or "never sent" in str(outcome), outcome
     else:
         assert outcome == data, "delivered bytes that differ from those sent"
+    assert memory == 0
+
+
+# A sender that places its (correctly checksummed) chunks wrongly: the store's coverage check.
+# (seq, offset, length, final) of each chunk of layer l0, declared 3000 bytes.
+MISPLACED = {
+    "overlap": ([(0, 0, 1000, False), (1, 500, 1000, False)], "at offset 500 overlaps byte 1000"),
+    "hole": ([(0, 0, 1000, False), (1, 2000, 1000, True)], "leaves a hole before byte 1000"),
+    "after final": ([(0, 0, 3000, True), (1, 3000, 0, False)], "continues after its final chunk"),
+    "short last chunk": ([(0, 0, 1000, False), (1, 1000, 1000, True)], "short of its declared"),
+    "no final chunk": ([(0, 0, 1000, False), (1, 1000, 2000, False)], "incomplete: 3000 of 3000"),
+}
+
+
+@pytest.mark.parametrize("case", list(MISPLACED))
+def test_chunks_that_would_misplace_bytes_fail_the_transfer_by_name(case):
+    """Each chunk passes its checksum (the sender meant it so), but together they do not
+    cover the layer exactly once: the consumer gets TransferFailed naming where, never the
+    bytes, and the sender's Finish is refused."""
+    chunks, named = MISPLACED[case]
+
+    async def scenario():
+        async with receiver() as (server, target):
+            raw = RawClient(target)
+            header = make_header({"l0": 3000})
+            await raw.begin(header)
+            consumer = asyncio.create_task(server.open(header.transfer_id, 10.0))
+            frames, sums = [], []
+            for seq, offset, length, final in chunks:
+                data = os.urandom(length)
+                frames.append(chunk_frame(header, seq, "l0", offset, data, final=final))
+                sums.append(chunk_checksum(header, seq, "l0", offset, data, final=final))
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await raw.push(frames)
+            finish_error = None
+            try:
+                await raw.finish(header.transfer_id, len(chunks), 3000, transfer_digest(sums))
+            except grpc.aio.AioRpcError as exc:
+                finish_error = exc
+            await raw.close()
+            with pytest.raises(TransferFailed) as err:
+                async with await consumer as reader:
+                    _ = [segment async for segment in reader]
+            return err.value, finish_error, server.memory_in_use
+
+    error, finish_error, memory = run(scenario())
+
+    assert "layer coverage" in str(error)
+    assert named in str(error)
+    assert finish_error is not None  # the sender learns it too
     assert memory == 0
