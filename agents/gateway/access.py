@@ -30,16 +30,13 @@ request handler (:meth:`ClientKeys.admit`, event-loop only, no I/O), :mod:`agent
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
-import os
 import re
-import ssl
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import aiohttp
 from aiohttp import web
@@ -49,6 +46,7 @@ from agents.gateway.config import ConfigError
 from agents.gateway.logs import client_key_var
 from agents.gateway.metrics import GatewayMetrics
 from agents.gateway.openai import error_body
+from agents.gateway.polling import DocumentPoller, PollOptions
 
 log = logging.getLogger("pdbridge.gateway.access")
 
@@ -267,82 +265,37 @@ def parse_access(data: Any) -> tuple[bool, dict[str, str]]:
     return required, keys
 
 
-class AccessPoller:
+class AccessPoller(DocumentPoller[tuple[bool, dict[str, str]]]):
     """Polls the deployment's client-key document (``ETag`` / ``If-None-Match``, as the config
-    poller). Event-loop only; ``run`` never raises. A failed or invalid poll keeps the key set
-    in place; a new one is applied and saved in ``state_dir`` (hashes only)."""
+    poller; the polling is :class:`agents.gateway.polling.DocumentPoller`'s). Event-loop only;
+    ``run`` never raises. A failed or invalid poll keeps the key set in place; a new one is
+    applied and saved in ``state_dir`` (hashes only)."""
 
-    def __init__(
-        self,
-        *,
-        console_url: str,
-        deployment_id: int,
-        token: str | None,
-        interval_s: float,
-        state_dir: Path,
-        keys: ClientKeys,
-        ssl_context: ssl.SSLContext | None = None,
-        timeout_s: float = 5.0,
-    ) -> None:
-        self.url = f"{console_url.rstrip('/')}/api/deployments/{deployment_id}/gateway-access/"
-        self.interval_s = interval_s
-        self.state_path = state_dir / f"gateway-access-{deployment_id}.json"
+    document = "gateway-access"
+    state_prefix = "gateway-access"
+    logger = log
+    poll_failed_event = "gateway.access_poll_failed"
+    invalid_event = "gateway.access_invalid"
+    save_failed_event = "gateway.access_save_failed"
+    crashed_event = "gateway.access_poll_crashed"
+
+    def __init__(self, *, keys: ClientKeys, **options: Unpack[PollOptions]) -> None:
+        super().__init__(**options)
         self.keys = keys
-        self.ssl_context = ssl_context
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.etag: str | None = None
-        self.headers = {"Accept": "application/json"}
-        if token:
-            is_scheme = token.startswith(("Token ", "Bearer "))
-            self.headers["Authorization"] = token if is_scheme else f"Bearer {token}"
 
-    async def poll_once(self, session: aiohttp.ClientSession) -> str:
-        """One poll; returns ``applied``, ``unchanged``, ``error`` or ``invalid``."""
-        headers = dict(self.headers)
-        if self.etag:
-            headers["If-None-Match"] = self.etag
-        try:
-            async with session.get(
-                self.url, headers=headers, timeout=self.timeout, ssl=self.ssl_context or True
-            ) as response:
-                if response.status == 304:
-                    return "unchanged"
-                if response.status != 200:
-                    log.warning(
-                        "gateway.access_poll_failed",
-                        extra={"url": self.url, "status": response.status},
-                    )
-                    return "error"
-                data = await response.json(content_type=None)
-                etag = response.headers.get("ETag")
-        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
-            log.warning("gateway.access_poll_failed", extra={"url": self.url, "error": repr(error)})
-            return "error"
-        try:
-            required, keys = parse_access(data)
-        except ConfigError as error:
-            log.error("gateway.access_invalid", extra={"url": self.url, "error": str(error)})
-            return "invalid"
+    def parse(self, data: Any) -> tuple[bool, dict[str, str]]:
+        return parse_access(data)
+
+    def install(self, parsed: tuple[bool, dict[str, str]]) -> None:
+        required, keys = parsed
         self.keys.set_console(required=required, keys=keys)
-        self.etag = etag
-        self._save(data)
+
+    def log_applied(self, parsed: tuple[bool, dict[str, str]]) -> None:
+        required, keys = parsed
         log.info(
             "gateway.client_keys_applied",
             extra={"source": "console", "required": required, "keys": len(keys)},
         )
-        return "applied"
-
-    def _save(self, data: Any) -> None:
-        try:
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.state_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, self.state_path)
-        except OSError as error:
-            log.error(
-                "gateway.access_save_failed",
-                extra={"path": str(self.state_path), "error": repr(error)},
-            )
 
     def load_last_good(self) -> bool:
         """Apply the document saved by an earlier run; False when there is none."""
@@ -366,18 +319,6 @@ class AccessPoller:
         if await self.poll_once(session) == "applied":
             return True
         return self.load_last_good()
-
-    async def run(self, session: aiohttp.ClientSession) -> None:
-        """Poll forever (until cancelled)."""
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.poll_once(session)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # A bug in one poll must not stop polling for the life of the process.
-                log.exception("gateway.access_poll_crashed")
 
 
 def engine_api_key(environ: Mapping[str, str]) -> str | None:

@@ -3,111 +3,65 @@
 written to disk as the last good config; a 304 costs nothing; any failure (console down,
 5xx, invalid snapshot) is logged and counted, and the gateway keeps serving with what it has.
 At start, when the console cannot be reached, the last good config on disk is used.
+The polling itself is :class:`agents.gateway.polling.DocumentPoller`'s.
 
 Who calls it: :mod:`agents.gateway.app` starts :meth:`ConfigPoller.run` as a background task.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import os
-import ssl
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import aiohttp
 
-from agents.gateway.config import ConfigError, DeploymentConfig, parse_snapshot
+from agents.gateway.config import DeploymentConfig, parse_snapshot
+from agents.gateway.polling import DocumentPoller, PollOptions
 
 log = logging.getLogger("pdbridge.gateway.config")
 
 
-class ConfigPoller:
+class ConfigPoller(DocumentPoller[DeploymentConfig]):
     """Polls one deployment's config snapshot. Event-loop only; never raises from ``run``."""
+
+    document = "config"
+    state_prefix = "deployment"
+    logger = log
+    poll_failed_event = "gateway.config_poll_failed"
+    invalid_event = "gateway.config_invalid"
+    save_failed_event = "gateway.config_save_failed"
+    crashed_event = "gateway.config_poll_crashed"
 
     def __init__(
         self,
         *,
-        console_url: str,
-        deployment_id: int,
-        token: str | None,
-        interval_s: float,
-        state_dir: Path,
         apply: Callable[[DeploymentConfig], None],
         on_result: Callable[[str], None] = lambda result: None,
-        ssl_context: ssl.SSLContext | None = None,
-        timeout_s: float = 5.0,
+        **options: Unpack[PollOptions],
     ) -> None:
-        self.url = f"{console_url.rstrip('/')}/api/deployments/{deployment_id}/config/"
-        self.deployment_id = deployment_id
-        self.interval_s = interval_s
-        self.state_path = state_dir / f"deployment-{deployment_id}.json"
+        super().__init__(on_result=on_result, **options)
         self.apply = apply
-        self.on_result = on_result
-        self.ssl_context = ssl_context
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.etag: str | None = None
-        self.headers = {"Accept": "application/json"}
-        if token:
-            # A bare value is a node token; "Token <key>" (a user token) passes as is.
-            is_scheme = token.startswith(("Token ", "Bearer "))
-            self.headers["Authorization"] = token if is_scheme else f"Bearer {token}"
 
-    async def poll_once(self, session: aiohttp.ClientSession) -> str:
-        """One poll; returns ``applied``, ``unchanged``, ``error`` or ``invalid``."""
-        headers = dict(self.headers)
-        if self.etag:
-            headers["If-None-Match"] = self.etag
-        try:
-            async with session.get(
-                self.url, headers=headers, timeout=self.timeout, ssl=self.ssl_context or True
-            ) as response:
-                if response.status == 304:
-                    return self._result("unchanged")
-                if response.status != 200:
-                    log.warning(
-                        "gateway.config_poll_failed",
-                        extra={"url": self.url, "status": response.status},
-                    )
-                    return self._result("error")
-                data = await response.json(content_type=None)
-                etag = response.headers.get("ETag")
-        except (aiohttp.ClientError, TimeoutError, ValueError) as error:
-            log.warning("gateway.config_poll_failed", extra={"url": self.url, "error": repr(error)})
-            return self._result("error")
-        try:
-            config = parse_snapshot(data)
-        except ConfigError as error:
-            log.error("gateway.config_invalid", extra={"url": self.url, "error": str(error)})
-            return self._result("invalid")
-        self.apply(config)
-        self.etag = etag or f'"{config.version}"'
-        self._save(data)
+    def parse(self, data: Any) -> DeploymentConfig:
+        return parse_snapshot(data)
+
+    def install(self, parsed: DeploymentConfig) -> None:
+        self.apply(parsed)
+
+    def etag_for(self, parsed: DeploymentConfig, etag: str | None) -> str | None:
+        # A console without ETags still gets a validator: the snapshot's version.
+        return etag or f'"{parsed.version}"'
+
+    def stored(self, data: Any) -> Any:
+        return {"etag": self.etag, "snapshot": data}
+
+    def log_applied(self, parsed: DeploymentConfig) -> None:
         log.info(
             "gateway.config_applied",
-            extra={"version": config.version, "source": "console", "etag": self.etag},
+            extra={"version": parsed.version, "source": "console", "etag": self.etag},
         )
-        return self._result("applied")
-
-    def _result(self, result: str) -> str:
-        self.on_result(result)
-        return result
-
-    def _save(self, data: Any) -> None:
-        """Write the last good snapshot atomically (temp file + rename)."""
-        try:
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.state_path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"etag": self.etag, "snapshot": data}))
-            os.replace(tmp, self.state_path)
-        except OSError as error:
-            log.error(
-                "gateway.config_save_failed",
-                extra={"path": str(self.state_path), "error": repr(error)},
-            )
 
     def load_last_good(self) -> DeploymentConfig | None:
         """The snapshot saved by an earlier run (None when absent or unreadable). Its ETag is
@@ -133,15 +87,3 @@ class ConfigPoller:
         if await self.poll_once(session) == "applied":
             return True
         return self.load_last_good() is not None
-
-    async def run(self, session: aiohttp.ClientSession) -> None:
-        """Poll forever (until cancelled)."""
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.poll_once(session)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                # A bug in one poll must not stop polling for the life of the process.
-                log.exception("gateway.config_poll_crashed")
