@@ -32,7 +32,7 @@ from grpc_kv.codec import Checksum, Codec, CodecError, CorruptChunk
 from grpc_kv.link import Link
 from grpc_kv.local import consume
 from grpc_kv.manifest import Fingerprint, LayerKind, LayerSpec, TransferHeader
-from grpc_kv.metrics import LinkMetrics
+from grpc_kv.metrics import SENDER_METRICS, LinkMetrics
 from grpc_kv.options import LinkOptions, ReceiverOptions
 from grpc_kv.probe import loopback, probe
 from grpc_kv.receiver import ReceiverServer
@@ -48,6 +48,7 @@ from grpc_kv.store import FingerprintMismatch, Segment, TransferFailed, Transfer
 from grpc_kv.tls import PeerRejected, TLSConfig
 
 __all__ = [
+    "SENDER_METRICS",
     "CertFiles",
     "Checksum",
     "Codec",

@@ -271,31 +271,32 @@ SEGMENT = pb.Segment(layer="l0", offset=0).SerializeToString()
     ],
 )
 def test_what_a_broken_receiver_sends_fails_the_engine_naming_it(tmp_path, answer, named):
-    socket_path = tmp_path / "fake.sock"
+    run(read_from_a_fake_receiver(tmp_path / "fake.sock", answer, named))
 
-    async def scenario():
-        loop = asyncio.get_running_loop()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(socket_path))
-        listener.listen(1)
-        listener.setblocking(False)
 
-        async def fake_receiver():
-            conn, _ = await loop.sock_accept(listener)
-            conn.setblocking(False)
-            await loop.sock_recv(conn, 65536)  # the request
-            await loop.sock_sendall(conn, answer)
-            conn.close()
+async def read_from_a_fake_receiver(socket_path, answer: bytes, named: str) -> None:
+    """An engine reads transfer ``t-1`` from a receiver that answers ``answer`` whatever it
+    is asked, then closes; the engine must fail with TransferFailed matching ``named``."""
+    loop = asyncio.get_running_loop()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(socket_path))
+    listener.listen(1)
+    listener.setblocking(False)
 
-        serving = asyncio.create_task(fake_receiver())
-        try:
-            with pytest.raises(TransferFailed, match=named):
-                await read_through(socket_path, "t-1", deadline=2.0)
-        finally:
-            await serving
-            listener.close()
+    async def fake_receiver():
+        conn, _ = await loop.sock_accept(listener)
+        conn.setblocking(False)
+        await loop.sock_recv(conn, 65536)  # the request
+        await loop.sock_sendall(conn, answer)
+        conn.close()
 
-    run(scenario())
+    serving = asyncio.create_task(fake_receiver())
+    try:
+        with pytest.raises(TransferFailed, match=named):
+            await read_through(socket_path, "t-1", deadline=2.0)
+    finally:
+        await serving
+        listener.close()
 
 
 SIZED_HEADER = frame(pb.Segment(header=make_header({"l0": 8}).to_pb()).SerializeToString())
@@ -326,31 +327,11 @@ def test_a_receiver_that_misplaces_bytes_fails_the_engine_naming_where(tmp_path,
     """The engine checks the coverage of what reaches it too: however the receiver errs, no
     segment lands on a byte twice, past a hole or outside its layer, and a transfer that ends
     with a layer short is a failure, not a success."""
-    socket_path = tmp_path / "fake.sock"
-
-    async def scenario():
-        loop = asyncio.get_running_loop()
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(socket_path))
-        listener.listen(1)
-        listener.setblocking(False)
-
-        async def fake_receiver():
-            conn, _ = await loop.sock_accept(listener)
-            conn.setblocking(False)
-            await loop.sock_recv(conn, 65536)  # the request
-            await loop.sock_sendall(conn, SIZED_HEADER + answer)
-            conn.close()
-
-        serving = asyncio.create_task(fake_receiver())
-        try:
-            with pytest.raises(TransferFailed, match=f"layer coverage: .*{named}"):
-                await read_through(socket_path, "t-1", deadline=2.0)
-        finally:
-            await serving
-            listener.close()
-
-    run(scenario())
+    run(
+        read_from_a_fake_receiver(
+            tmp_path / "fake.sock", SIZED_HEADER + answer, f"layer coverage: .*{named}"
+        )
+    )
 
 
 def test_an_engine_without_a_receiver_is_told_so(tmp_path):

@@ -293,7 +293,11 @@ class GrpcReceiver(KvReceiver):
     async def start(
         cls, bind: str, tls: kv.TLSConfig, options: kv.ReceiverOptions | None = None
     ) -> GrpcReceiver:
-        server = kv.ReceiverServer(bind, options or kv.ReceiverOptions(), tls)
+        # The process-wide link metrics (role="receiver" beside its senders' role="sender"),
+        # which the engine's /metrics serves.
+        server = kv.ReceiverServer(
+            bind, options or kv.ReceiverOptions(), tls, metrics=kv.SENDER_METRICS
+        )
         await server.start()
         return cls(server, bind.rpartition(":")[0])
 

@@ -6,7 +6,14 @@ Called by the server's handlers (event loop thread); prometheus_client is thread
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 _LATENCY_BUCKETS = (
     0.001,
@@ -134,4 +141,7 @@ class EngineMetrics:
             metric.labels(model_name=name)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """The engine's families, then the process's KV link (``pdbridge_kv_*`` of its
+        senders and its embedded receiver, which share grpc_kv's process-wide metrics:
+        transfers, checksum failures, refused peers) and the process collectors."""
+        return generate_latest(self.registry) + generate_latest(REGISTRY)

@@ -101,10 +101,16 @@ def test_a_prefill_engine_off_the_receivers_allowlist_is_told_at_once_and_why(
     assert data["error"]["code"] == "kv_peer_refused"
     assert "'prefill-a' is not on the allowlist" in data["error"]["message"]
     assert elapsed < 4.0  # the link's deadline (4 s): refused, not timed out
+    _, decode_metrics = get(f"{allowlisted_decode.url}/metrics")
     sent = metric(
         metrics, "pdbridge:kv_transfers_total", direction="send", outcome="kv_peer_refused"
     )
     assert sent >= 1
+    assert metric(metrics, "pdbridge_kv_rejected_peers_total", role="sender") >= 1
+    refused = metric(
+        decode_metrics, "pdbridge_kv_rejected_peers_total", role="receiver", reason="not_allowed"
+    )
+    assert refused >= 1  # the engine's own /metrics counts whom its listener refused
     assert "prefill-a" in allowlisted_decode.log.read_text()
 
 
