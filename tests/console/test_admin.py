@@ -54,6 +54,7 @@ def every_row(world):
     """``world`` plus a row of the models it lacks (runs, drills, schedules, alerts, planner)."""
     from console.alerts.services import channel_create
     from console.drills import services as drills
+    from console.gatewaykeys.services import gateway_access_update, gateway_key_create
     from console.planner.presets import preset_scenario
     from console.planner.services import scenario_create
     from console.rollouts.services import rollout_plan_create
@@ -92,6 +93,8 @@ def every_row(world):
     sample_record(subject=world.link, name="link_rtt_ms", value=1000.0, at=NOW)
     alerts_evaluate(now=NOW.replace(minute=1), notify=False)
     channel_create(actor=None, name="hook", kind="webhook", target="https://hooks.example.com/x")
+    gateway_key_create(actor=None, deployment=world.deployment, name="team-a")
+    gateway_access_update(actor=None, deployment=world.deployment, require_client_keys=True)
     return world
 
 
