@@ -29,71 +29,16 @@ import os
 import signal
 import subprocess
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, ClassVar
 
 import aiohttp
 
+# Re-exported for the vLLM adapter's tests, which import it from here; the kv_transfer_params
+# convention itself lives in the neutral pdproto (shared with the gateway and the connector).
+from pdproto.kv import PULL_PREFILL_KV as PULL_PREFILL_KV
+
 ROLES = ("prefill", "decode", "both")
-
-#: How a remote prefill hands its KV to decode (a deployment's ``kv_transfer.mode``):
-#: ``push``: pdbridge's convention; both legs at once with one ``transfer_id``, the prefill
-#: engine sends the KV to the decode node's receiver (``kv_destination``).
-#: ``pull``: vLLM's built-in connectors (NixlConnector, ...); the prefill leg first, with
-#: ``PULL_PREFILL_KV``; its answer's ``kv_transfer_params`` (where the KV waits) go unchanged
-#: into the decode leg, whose engine fetches the KV.
-KV_MODES = ("push", "pull")
-PULL_PREFILL_KV: Mapping[str, Any] = MappingProxyType(
-    {
-        "do_remote_decode": True,
-        "do_remote_prefill": False,
-        "remote_engine_id": None,
-        "remote_block_ids": None,
-        "remote_host": None,
-        "remote_port": None,
-    }
-)
-
-
-#: The decode engine's error code (503 ``kv_transfer_error``) when it refused a transfer
-#: whose manifest is not its model's layout, and the gateway's fallback cause for it (a
-#: sender bug or a tampered header, unlike a timeout: worth an alert of its own).
-KV_IMPORT_REFUSED = "kv_import_refused"
-#: The prefill engine's error code (503 ``kv_transfer_error``) when the decode site's KV
-#: receiver and it do not accept each other (a TLS handshake refused, the sender's certificate
-#: not on the receiver's allowlist), and the gateway's fallback cause for it: a certificate or
-#: allowlist to fix, never a transient fault.
-KV_PEER_REFUSED = "kv_peer_refused"
-
-
-def push_kv_params(
-    transfer_id: str, kv_destination: str, deadline_s: float
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Push mode's ``kv_transfer_params`` for (the prefill leg, the decode leg): one
-    ``transfer_id``; the prefill engine sends to ``kv_destination``, and the decode engine
-    waits ``deadline_s`` for the KV before answering its distinct KV error."""
-    prefill = {
-        "do_remote_decode": True,
-        "do_remote_prefill": False,
-        "transfer_id": transfer_id,
-        "kv_destination": kv_destination,
-    }
-    decode = {
-        "do_remote_prefill": True,
-        "do_remote_decode": False,
-        "transfer_id": transfer_id,
-        "deadline_s": deadline_s,
-    }
-    return prefill, decode
-
-
-def pulled_kv_params(answer: Any) -> dict[str, Any] | None:
-    """The ``kv_transfer_params`` of a pull-mode prefill answer (a decoded JSON body), for
-    the decode leg; None when there are none (nothing to fetch)."""
-    params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
-    return dict(params) if isinstance(params, dict) and params else None
 
 
 class AdapterError(Exception):

@@ -5,7 +5,7 @@ For each prompt it sends, with greedy decoding, (a) the prefill leg to the prefi
 the decode leg to the decode engine, either with one ``transfer_id`` and both at once (push
 mode, pdbridge's engines) or one after the other with the prefill answer's
 ``kv_transfer_params`` handed to the decode leg (pull mode, vLLM's built-in connectors; see
-``agents.engines.base.KV_MODES``), and (b) the same prompt as a plain request to the decode
+``pdproto.kv.KV_MODES``), and (b) the same prompt as a plain request to the decode
 engine (local prefill + decode). It then compares token ids and, where both responses carry
 them, per-step logits digests, and reports per prompt: match, the first divergent position
 and step, tokens compared and timings.
@@ -31,7 +31,7 @@ from typing import Any
 
 import aiohttp
 
-from agents.engines.base import KV_MODES, PULL_PREFILL_KV, pulled_kv_params, push_kv_params
+from pdproto.kv import KV_MODES, PULL_PREFILL_KV, pulled_kv_params, push_kv_params
 
 #: Prompt lengths (tokens of the byte tokenizer) of the default suite: the guide's 4K/16K/32K
 #: scaled to what the CPU reference engine does in seconds.

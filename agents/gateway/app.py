@@ -26,11 +26,6 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agents.engines.base import (
-    PULL_PREFILL_KV,
-    pulled_kv_params,
-    push_kv_params,
-)
 from agents.gateway.access import ClientKeys, admit
 from agents.gateway.budget import FallbackBudget
 from agents.gateway.causes import kv_cause, prefill_cause
@@ -51,6 +46,7 @@ from agents.gateway.proxy import (
     relay,
 )
 from agents.gateway.state import Router
+from pdproto.kv import PULL_PREFILL_KV, pulled_kv_params, push_kv_params
 
 log = logging.getLogger("pdbridge.gateway")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agents.engines.base import KV_IMPORT_REFUSED, KV_PEER_REFUSED
 from agents.gateway.proxy import LegError
+from pdproto.kv import KV_IMPORT_REFUSED, KV_PEER_REFUSED
 
 
 def _json(text: str) -> Any:

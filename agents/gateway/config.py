@@ -24,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from agents.engines.base import KV_MODES
 from agents.gateway.breaker import BreakerSettings
 from agents.gateway.tuning import TuningSettings
+from pdproto.kv import KV_MODES
 
 
 class ConfigError(ValueError):
@@ -86,7 +86,7 @@ class DeploymentConfig:
     links: Mapping[str, Link]
     raw: Mapping[str, Any] = field(repr=False, compare=False)
     #: How the remote legs hand the KV over (``kv_transfer.mode``; see
-    #: ``agents.engines.base.KV_MODES``).
+    #: ``pdproto.kv.KV_MODES``).
     kv_mode: str = "push"
 
 

@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from agents.engines.base import KV_PEER_REFUSED
 from agents.engines.reference import kvstate
 from agents.engines.reference.auth import api_key_middleware
 from agents.engines.reference.metrics import EngineMetrics
@@ -53,6 +52,8 @@ from agents.engines.reference.transport import (
     open_spool_sender,
 )
 from agents.engines.reference.zoo import LoadedModel
+from pdproto.http import PATH_HEADER
+from pdproto.kv import KV_ERROR_TYPE, KV_PEER_REFUSED
 
 log = logging.getLogger("pdbridge.engines.server")
 T = TypeVar("T")
@@ -261,12 +262,12 @@ class ReferenceEngine:
                 return web.json_response(
                     error_body(
                         str(exc),
-                        type_="kv_transfer_error",
+                        type_=KV_ERROR_TYPE,
                         param="kv_transfer_params",
                         code=exc.reason,
                     ),
                     status=503,
-                    headers={"x-pdbridge-path": "remote"},
+                    headers={PATH_HEADER: "remote"},
                 )
             self.metrics.by_path.labels(path=sess.path, **labels).inc()
             if req.stream:
@@ -505,14 +506,14 @@ class ReferenceEngine:
             kv=sess.kv_summary,
             logprobs=sess.logprobs,
         )
-        return web.json_response(body, headers={"x-pdbridge-path": sess.path})
+        return web.json_response(body, headers={PATH_HEADER: sess.path})
 
     async def _stream(self, request: web.Request, sess: _Session) -> web.StreamResponse:
         resp = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream",
                 "Cache-Control": "no-cache",
-                "x-pdbridge-path": sess.path,
+                PATH_HEADER: sess.path,
             }
         )
         req = sess.req

@@ -27,22 +27,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.engines.base import KV_IMPORT_REFUSED, KV_PEER_REFUSED
 from agents.engines.reference.kvstate import KvLayoutError, Manifest, ManifestMismatch
+from pdproto.kv import (
+    KV_CORRUPT,
+    KV_IMPORT_REFUSED,
+    KV_LINK_ERROR,
+    KV_PEER_REFUSED,
+    KV_REJECTED,
+    KV_TIMEOUT,
+    KV_TRANSFER_FAILED,
+)
 
 
 class TransferError(Exception):
     """Base of KV transfer failures; ``reason`` is a short machine-readable code."""
 
-    reason = "transfer_failed"
+    reason = KV_TRANSFER_FAILED
 
 
 class TransferTimeout(TransferError):
-    reason = "kv_timeout"
+    reason = KV_TIMEOUT
 
 
 class TransferRejected(TransferError):
-    reason = "kv_rejected"
+    reason = KV_REJECTED
 
 
 class TransferPeerRefused(TransferRejected):
@@ -52,7 +60,7 @@ class TransferPeerRefused(TransferRejected):
 
 
 class TransferCorrupt(TransferError):
-    reason = "kv_corrupt"
+    reason = KV_CORRUPT
 
 
 class ImportRefused(TransferError):
@@ -80,7 +88,7 @@ def check_manifest(accept: ManifestCheck | None, manifest: Manifest) -> None:
 class TransferLinkError(TransferError):
     """The link itself failed in a way its library did not classify (an RPC or socket error)."""
 
-    reason = "kv_link_error"
+    reason = KV_LINK_ERROR
 
 
 @dataclass

@@ -24,13 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from agents.engines.base import KV_IMPORT_REFUSED
 from agents.engines.reference import kvstate, zoo
 from agents.engines.reference.grpc_link import to_kv_header
 from agents.engines.reference.runner import Runner, set_threads
 from agents.engines.reference.transport import TransferHeader
 from agents.engines.verify import compare, make_prompt
 from grpc_kv import api as kv
+from pdproto.kv import KV_IMPORT_REFUSED
 from tests.agents.engines.client import decode_leg, get, metric, post
 
 MODEL = "qwen3-next"  # full-attention and linear layers (conv and recurrent states)

@@ -1,0 +1,39 @@
+"""The gateway's fallback causes: why a request meant for the remote path was served by local
+prefill. They label ``pdbridge_gateway_fallbacks_total`` and the ``fallback_reason`` of the
+answer; an engine or connector that wants the gateway to name a cause answers the matching
+KV error code (:mod:`pdproto.kv`)."""
+
+from __future__ import annotations
+
+from pdproto.kv import KV_IMPORT_REFUSED, KV_PEER_REFUSED, KV_TIMEOUT
+
+#: Every remote site's breaker is open (or the chosen one tripped before the legs left).
+BREAKER_OPEN = "breaker_open"
+#: Every healthy site's link is above its utilisation ceiling.
+LINK_SATURATED = "link_saturated"
+#: No remote site is configured or selectable.
+NO_REMOTE_SITE = "no_remote_site"
+#: The prefill leg failed (5xx, connection error) before the first token.
+PREFILL_ERROR = "prefill_error"
+#: The prefill leg ran past its timeout.
+PREFILL_TIMEOUT = "prefill_timeout"
+#: The decode leg failed naming the KV (checksum, rejected, lost transfer).
+KV_TRANSFER = "kv_transfer"
+#: The decode leg failed for another reason before the first token.
+DECODE_ERROR = "decode_error"
+# KV_TIMEOUT (the engine's code, imported above) is a cause too: the decode leg sent no first
+# byte within the deployment's KV deadline plus the gateway's grace.
+
+#: Every cause, in the order the metrics and the docs list them.
+FALLBACK_CAUSES = (
+    BREAKER_OPEN,
+    LINK_SATURATED,
+    NO_REMOTE_SITE,
+    PREFILL_ERROR,
+    PREFILL_TIMEOUT,
+    KV_TRANSFER,
+    KV_IMPORT_REFUSED,
+    KV_PEER_REFUSED,
+    KV_TIMEOUT,
+    DECODE_ERROR,
+)
