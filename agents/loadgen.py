@@ -33,6 +33,7 @@ from typing import IO, Any
 import aiohttp
 
 from agents.engines.verify import make_prompt
+from pdproto.loadmix import DEFAULT_MIX_TEXT, Component, parse_mix
 
 #: outcome of one request: ``ok``; ``http_error`` (status not 200); ``stream_error`` (an error
 #: event inside a 200 stream); ``truncated`` (the stream ended without ``[DONE]``);
@@ -40,34 +41,8 @@ from agents.engines.verify import make_prompt
 OUTCOMES = ("ok", "http_error", "stream_error", "truncated", "client_error")
 
 
-@dataclass(frozen=True)
-class Component:
-    """One log-normal component of the prompt-length mix: ``weight`` (relative), ``median``
-    tokens and ``sigma`` (of the underlying normal)."""
-
-    weight: float
-    median: float
-    sigma: float
-
-
-#: Default mix: mostly chat-sized prompts plus a tail of long documents (the ones that go remote).
-DEFAULT_MIX = (Component(0.7, 96, 0.6), Component(0.3, 640, 0.5))
-
-
-def parse_mix(text: str) -> tuple[Component, ...]:
-    """``"weight:median:sigma,..."`` -> components; ValueError naming ``--mix`` when malformed."""
-    out = []
-    for item in (part.strip() for part in text.split(",")):
-        try:
-            weight, median, sigma = (float(x) for x in item.split(":"))
-        except ValueError:
-            raise ValueError(f"--mix: {item!r} is not weight:median:sigma") from None
-        if weight <= 0 or median < 1 or sigma < 0:
-            raise ValueError(f"--mix: {item!r} needs weight > 0, median >= 1, sigma >= 0")
-        out.append(Component(weight, median, sigma))
-    if not out:
-        raise ValueError("--mix: at least one component")
-    return tuple(out)
+#: Default mix (the console's drill default too).
+DEFAULT_MIX = parse_mix(DEFAULT_MIX_TEXT)
 
 
 class LengthSampler:

@@ -3,7 +3,9 @@
 The wire convention between a router and the engines it drives: the ``kv_transfer_params``
 fields of a request and their helpers (:mod:`pdproto.kv`), the error codes an engine answers
 when the KV did not make it and the gateway's fallback causes (:mod:`pdproto.causes`), and the
-HTTP header names and path values a response carries (:mod:`pdproto.http`).
+HTTP header names and path values a response carries (:mod:`pdproto.http`); and the
+prompt-length mix format of synthetic load that the console stores and validates and the
+agent's load generator reads (:mod:`pdproto.loadmix`).
 
 Neutral on purpose: pure standard library, importing nothing of pdbridge (no Django, no agent,
 no link, no aiohttp or torch), so that the code running inside a vLLM process can import it

@@ -28,6 +28,7 @@ from console.drills.models import REPORT_FIGURES, Drill, DrillReport
 from console.runs import services as run_services
 from console.runs.choices import RUN_TERMINAL
 from console.runs.models import WorkflowRun
+from pdproto.loadmix import DEFAULT_MIX_TEXT, parse_mix
 
 SCHEDULED_TASK = "orchestrator.drills.run_scheduled"
 
@@ -35,7 +36,7 @@ SCHEDULED_TASK = "orchestrator.drills.run_scheduled"
 LOAD_DEFAULTS: dict[str, Any] = {
     "concurrency": 4,
     "rate": None,
-    "mix": "0.7:96:0.6,0.3:640:0.5",
+    "mix": DEFAULT_MIX_TEXT,
     "min_prompt_tokens": 16,
     "max_prompt_tokens": 2048,
     "max_tokens": 16,
@@ -69,8 +70,6 @@ def validate_load_profile(value: Any) -> dict[str, Any]:
     ):
         raise _fail("load_profile.rate", "must be a positive number or null (closed loop)")
     if "mix" in value:
-        from agents.loadgen import parse_mix
-
         try:
             parse_mix(str(value["mix"]))
         except ValueError as exc:
