@@ -46,7 +46,7 @@ from agents.gateway.proxy import (
     relay,
 )
 from agents.gateway.state import Router
-from pdproto.kv import PULL_PREFILL_KV, pulled_kv_params, push_kv_params
+from pdproto.kv import KV_PEER_REFUSED, PULL_PREFILL_KV, pulled_kv_params, push_kv_params
 
 log = logging.getLogger("pdbridge.gateway")
 
@@ -56,11 +56,14 @@ ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
 class Fallback(Exception):
-    """The remote path failed before the first byte; ``cause`` labels the fallback."""
+    """The remote path failed before the first byte; ``cause`` labels the fallback;
+    ``exclude``: decode instances the fallback must not use (the remote decode leg failed
+    there)."""
 
-    def __init__(self, cause: str) -> None:
+    def __init__(self, cause: str, exclude: frozenset[str] = frozenset()) -> None:
         super().__init__(cause)
         self.cause = cause
+        self.exclude = exclude
 
 
 class Rejected(Exception):
@@ -76,6 +79,24 @@ def _rejects_request(error: LegError) -> bool:
     return error.status is not None and 400 <= error.status < 500 and error.status not in (
         401, 403, 408, 429,
     )  # fmt: skip
+
+
+def _instance_fault(error: BaseException) -> bool:
+    """Whether a failed leg counts against its instance's health: it could not connect,
+    timed out, broke before output or answered 5xx -- unless the 5xx is a KV verdict (the
+    transfer's fault, not the engine's)."""
+    if not isinstance(error, LegError):
+        return False
+    if error.cause in ("connect", "timeout", "stream_error"):
+        return True
+    return error.status is not None and error.status >= 500 and kv_cause(error) is None
+
+
+def _retryable(error: LegError) -> bool:
+    """Whether a decode leg that failed before output may be sent to another instance: not
+    a timeout (the request's whole time is spent) and not the engine's verdict on the
+    request (4xx) or on its KV."""
+    return error.cause != "timeout" and _instance_fault(error)
 
 
 def _leg_error_response(error: LegError, path: str, request_id: str) -> web.Response:
@@ -131,6 +152,9 @@ class Gateway:
         self.settings = settings
         self.router = router or Router(settings)
         self.metrics = GatewayMetrics()
+        self.router.on_eject = self.metrics.ejected
+        self.router.on_failure = self.metrics.leg_failed
+        self.router.on_probe = self.metrics.probed
         self.keys = keys or ClientKeys(require=settings.require_client_keys)
         self.upstream = Upstream(settings.connect_timeout_s, upstream_ssl, engine_api_key)
         block = settings.prefix_block_tokens
@@ -157,10 +181,23 @@ class Gateway:
 
     # -- plain endpoints -----------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
+        """``ok``; ``degraded`` (200) when an instance is out or a prefill pool has none
+        available (requests are served locally); ``unhealthy`` (503) when the decode pool
+        has none available, or without a config."""
         config = self.router.config
         if config is None:
             return web.json_response({"status": "no_config"}, status=503)
-        return web.json_response({"status": "ok", "config_version": config.version})
+        pools = [
+            {k: v for k, v in p.snapshot().items() if k != "instances"}
+            for p in self.router.pools.values()
+        ]
+        status = "ok"
+        if any(p["healthy"] < p["total"] for p in pools):
+            status = "degraded"
+        if any(p["role"] == "decode" and p["healthy"] == 0 for p in pools):
+            status = "unhealthy"
+        doc = {"status": status, "config_version": config.version, "pools": pools}
+        return web.json_response(doc, status=503 if status == "unhealthy" else 200)
 
     async def models(self, request: web.Request) -> web.Response:
         refused = admit(self.keys, self.metrics, request.headers)
@@ -208,6 +245,7 @@ class Gateway:
         for view in router.site_views(config):
             m.site_queue.labels(view.name).set(view.queue_depth)
             m.site_utilization.labels(view.name).set(view.utilization)
+        m.pools(router.pools.values(), router.instance_inflight)
 
     # -- completions ---------------------------------------------------------------------
     def handler(self, kind: Kind) -> Any:
@@ -286,16 +324,17 @@ class Gateway:
         decision = self.router.decide(config, key, prompt_tokens, self._cached_tokens(parsed))
         self.metrics.decision(decision.path, decision.reason)
         call = _Call(client, kind, arrived, request_id, raw, body, parsed, config, decision)
+        exclude: frozenset[str] = frozenset()
         if decision.path == "remote":
             try:
                 return await self._serve(call, "remote")
             except Fallback as fallback:
-                cause = fallback.cause
+                cause, exclude = fallback.cause, fallback.exclude
         elif decision.wants_remote:
             cause = decision.reason
         else:
             return await self._serve(call, "local")
-        return await self._fallback(call, cause)
+        return await self._fallback(call, cause, exclude)
 
     def _parse(
         self, raw: bytes, kind: Kind, config: DeploymentConfig
@@ -340,6 +379,8 @@ class Gateway:
         ):
             return estimate, False
         instance = self.router.pick_decode(config)
+        if instance is None:
+            return estimate, False
         payload = json.dumps({"model": config.model_name, "prompt": parsed.text}).encode()
         try:
             raw = await self.upstream.call(
@@ -351,11 +392,17 @@ class Gateway:
             return estimate, False
 
     # -- serving -------------------------------------------------------------------------
-    async def _serve(self, call: _Call, path: str) -> web.StreamResponse | None:
-        """Serve on ``path``: the remote legs, or one local leg (``local``/``fallback``).
+    async def _serve(
+        self, call: _Call, path: str, exclude: frozenset[str] = frozenset()
+    ) -> web.StreamResponse | None:
+        """Serve on ``path``: the remote legs, or one local leg (``local``/``fallback``) --
+        sent again to another decode instance (``decode_retries``) when it failed at its
+        instance before any byte reached the client. ``exclude``: instances not to use.
         Raises :class:`Fallback` from the remote path before anything reached the client."""
         request_id, kind, config = call.request_id, call.kind, call.config
-        decode = self.router.pick_decode(config)
+        pool = config.decode.name
+        decode = self.router.pick_decode(config, exclude) or self.router.pick_decode(config)
+        assert decode is not None  # noqa: S101 - a decode pool has at least one instance
         self.metrics.begin(path)
         self.router.begin(decode.url)
         outcome, ttft, tpot = "upstream_error", None, None
@@ -363,23 +410,45 @@ class Gateway:
             if path == "remote":
                 upstream, first = await self._remote_legs(call, decode)
             else:
-                try:
-                    # The local path forwards the client's bytes unchanged (no re-encoding).
-                    upstream = await self.upstream.open(
-                        f"{decode.url}{ROUTES[kind]}",
-                        call.raw,
-                        request_id,
-                        self.settings.request_timeout_s,
-                    )
-                    first = await first_chunk(upstream)
-                except LegError as error:
-                    log.warning(
-                        "gateway.local_leg_failed",
-                        extra={"url": decode.url, "cause": error.cause, "status": error.status},
-                    )
-                    if _rejects_request(error):
-                        outcome = "client_error"
-                    return _leg_error_response(error, path, request_id)
+                tried, retries = set(exclude), self.settings.decode_retries
+                while True:
+                    try:
+                        # The local path forwards the client's bytes unchanged.
+                        upstream = await self.upstream.open(
+                            f"{decode.url}{ROUTES[kind]}",
+                            call.raw,
+                            request_id,
+                            self.settings.request_timeout_s,
+                        )
+                        first = await first_chunk(upstream)
+                        self.router.leg_ok("decode", pool, decode.url)
+                        break
+                    except LegError as error:
+                        log.warning(
+                            "gateway.local_leg_failed",
+                            extra={"url": decode.url, "cause": error.cause, "status": error.status},
+                        )
+                        if not _instance_fault(error):
+                            self.router.leg_ok("decode", pool, decode.url)
+                            if _rejects_request(error):
+                                outcome = "client_error"
+                            return _leg_error_response(error, path, request_id)
+                        self.router.leg_failed("decode", pool, decode.url, error.cause)
+                        tried.add(decode.url)
+                        again = None
+                        if retries > 0 and _retryable(error):
+                            again = self.router.pick_decode(config, frozenset(tried))
+                        if again is None:
+                            return _leg_error_response(error, path, request_id)
+                        retries -= 1
+                        self.metrics.retry("decode", error.cause)
+                        log.info(
+                            "gateway.decode_retry",
+                            extra={"from": decode.url, "to": again.url, "cause": error.cause},
+                        )
+                        self.router.end(decode.url)
+                        decode = again
+                        self.router.begin(decode.url)
             headers = {"x-request-id": request_id, "x-pdbridge-path": path}
             result = await relay(call.client, upstream, first, headers)
             outcome = "ok" if result.ok else "upstream_error"
@@ -434,7 +503,9 @@ class Gateway:
             prefill_kv, decode_kv = push_kv_params(
                 uuid.uuid4().hex, decode.kv_address, config.kv_timeout_ms / 1000
             )
-        self.router.note_remote_tokens(site, decision.incremental_tokens)
+        # Counted against the link now (requests routed meanwhile see it); given back unless
+        # the prefill leg went through (a refused or failed leg sent no KV).
+        link_entry = self.router.note_remote_tokens(site, decision.incremental_tokens)
         self.router.begin(prefill.url, site)
         started = time.monotonic()
         prefill_task = asyncio.create_task(
@@ -451,6 +522,7 @@ class Gateway:
         prefill_s: float | None = None
         verdict: bool | None = None
         success = False
+        instance_fault = False
         try:
             done, _ = await asyncio.wait(
                 {t for t in (prefill_task, decode_task) if t is not None},
@@ -466,6 +538,10 @@ class Gateway:
                 if prefill_error is not None:
                     verdict = False
                     cause = prefill_cause(prefill_error)
+                    instance_fault = _instance_fault(prefill_error) and cause != KV_PEER_REFUSED
+                    if instance_fault:
+                        assert isinstance(prefill_error, LegError)  # noqa: S101 - implied
+                        self.router.leg_failed("prefill", site, prefill.url, prefill_error.cause)
                     log.warning(
                         "gateway.prefill_failed",
                         extra={
@@ -476,6 +552,7 @@ class Gateway:
                         },
                     )
                     raise Fallback(cause)
+                self.router.leg_ok("prefill", site, prefill.url)
             if decode_task is None:
                 pulled = pulled_kv_params(_json_or_none(prefill_task.result()))
                 if pulled is None:
@@ -512,7 +589,15 @@ class Gateway:
                     "gateway.decode_leg_failed",
                     extra={"url": decode.url, "error": str(decode_error)[:500]},
                 )
-                raise Fallback(kv_failure or "decode_error")
+                exclude: frozenset[str] = frozenset()
+                if _instance_fault(decode_error):
+                    assert isinstance(decode_error, LegError)  # noqa: S101 - implied
+                    self.router.leg_failed(
+                        "decode", config.decode.name, decode.url, decode_error.cause
+                    )
+                    exclude = frozenset({decode.url})
+                raise Fallback(kv_failure or "decode_error", exclude)
+            self.router.leg_ok("decode", config.decode.name, decode.url)
             verdict = True
             success = True
             return decode_task.result()
@@ -528,10 +613,19 @@ class Gateway:
                     # The decode leg had answered but the request falls back (or was refused):
                     # close that answer, which aborts the engine's work and its deadline.
                     decode_task.result()[0].close()
+            kv_sent = success or (
+                prefill_task.done()
+                and not prefill_task.cancelled()
+                and not prefill_task.exception()
+            )
+            if not kv_sent:
+                self.router.release_remote_tokens(site, link_entry)
             if not prefill_task.done():
                 prefill_task.cancel()
             latency = prefill_s if prefill_s is not None else time.monotonic() - started
-            self.router.record_prefill(site, prefill, verdict, latency, "remote_leg")
+            self.router.record_prefill(
+                site, prefill, verdict, latency, "remote_leg", instance_fault=instance_fault
+            )
 
     async def _open_decode(
         self, url: str, body: bytes, request_id: str
@@ -539,7 +633,9 @@ class Gateway:
         response = await self.upstream.open(url, body, request_id, self.settings.request_timeout_s)
         return response, await first_chunk(response)
 
-    async def _fallback(self, call: _Call, cause: str) -> web.StreamResponse | None:
+    async def _fallback(
+        self, call: _Call, cause: str, exclude: frozenset[str] = frozenset()
+    ) -> web.StreamResponse | None:
         """Serve by local prefill within the budget (503 with retry-after beyond it)."""
         headers = {"x-request-id": call.request_id, "x-pdbridge-path": "fallback"}
         if not call.config.fallback_to_local_prefill:
@@ -568,7 +664,7 @@ class Gateway:
             return _json(503, doc, {**headers, "retry-after": str(retry_after)})
         self.metrics.fallback(cause)
         log.info("gateway.fallback", extra={"cause": cause, "site": call.decision.site})
-        return await self._serve(call, "fallback")
+        return await self._serve(call, "fallback", exclude)
 
 
 @web.middleware

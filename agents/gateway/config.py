@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from agents.gateway.breaker import BreakerSettings
+from agents.gateway.health import HealthSettings
 from agents.gateway.tuning import TuningSettings
 from pdproto.kv import KV_MODES
 
@@ -275,6 +276,22 @@ class GatewaySettings:
     breaker_ejection_cap_s: float = 120.0
     breaker_half_open_probes: int = 1
     breaker_close_after_successes: int = 3
+    #: Pool health (every decode and prefill instance; see agents.gateway.health): legs in
+    #: a row failing at an instance (connect, timeout, 5xx) that eject it, the ejection time
+    #: (x times ejected, capped), the most of a pool that may be ejected at once (percent;
+    #: a pool's last available instance never is); active ``GET /health`` probes (interval,
+    #: 0: none; timeout; failures / successes in a row that mark it unhealthy / healthy).
+    outlier_consecutive_failures: int = 3
+    outlier_base_ejection_s: float = 5.0
+    outlier_max_ejection_s: float = 60.0
+    outlier_max_ejection_percent: float = 50.0
+    health_check_interval_s: float = 2.0
+    health_check_timeout_s: float = 1.0
+    health_check_unhealthy_threshold: int = 2
+    health_check_healthy_threshold: int = 2
+    #: A request whose decode leg failed before any byte reached the client is sent again
+    #: to another decode instance this many times (0: never).
+    decode_retries: int = 1
     #: Threshold re-tuning (see TuningSettings) and how often it runs.
     retune_interval_s: float = 5.0
     retune_raise_at: float = 0.9
@@ -330,6 +347,19 @@ class GatewaySettings:
             ejection_cap_s=self.breaker_ejection_cap_s,
             half_open_probes=self.breaker_half_open_probes,
             close_after_successes=self.breaker_close_after_successes,
+        )
+
+    def health(self) -> HealthSettings:
+        """Pool-health settings."""
+        return HealthSettings(
+            consecutive_failures=max(self.outlier_consecutive_failures, 1),
+            base_ejection_s=self.outlier_base_ejection_s,
+            max_ejection_s=self.outlier_max_ejection_s,
+            max_ejection_percent=min(self.outlier_max_ejection_percent, 100.0),
+            check_interval_s=self.health_check_interval_s,
+            check_timeout_s=self.health_check_timeout_s,
+            unhealthy_threshold=max(self.health_check_unhealthy_threshold, 1),
+            healthy_threshold=max(self.health_check_healthy_threshold, 1),
         )
 
     def tuning(self) -> TuningSettings:

@@ -7,11 +7,15 @@ dictionary lookups and increments, not label resolution.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from agents.gateway.decision import REASONS
+
+if TYPE_CHECKING:
+    from agents.gateway.health import InstanceHealth, PoolHealth
 
 PATHS = ("remote", "local", "fallback")
 OUTCOMES = ("ok", "client_error", "upstream_error", "rejected", "canceled")
@@ -123,6 +127,38 @@ class GatewayMetrics:
             "(missing: no key sent; invalid: not a key the gateway knows).", ["reason"],
             registry=r,
         )  # fmt: skip
+        self.instance_available = Gauge(
+            "pdbridge_gateway_instance_available", "1 when the instance takes traffic "
+            "(healthy by its probes and not ejected), else 0.", ["role", "site", "instance"],
+            registry=r,
+        )  # fmt: skip
+        self.instance_in_flight = Gauge(
+            "pdbridge_gateway_instance_in_flight", "Legs in flight to the instance.",
+            ["role", "site", "instance"], registry=r,
+        )  # fmt: skip
+        self.instance_ejections = Counter(
+            "pdbridge_gateway_instance_ejections", "Times outlier detection ejected the "
+            "instance, by the cause of its last failed leg.",
+            ["role", "site", "instance", "cause"], registry=r,
+        )  # fmt: skip
+        self.instance_failures = Counter(
+            "pdbridge_gateway_instance_leg_failures", "Legs that failed at the instance, by "
+            "cause (connect, timeout, stream_error, status: a 5xx).",
+            ["role", "site", "instance", "cause"], registry=r,
+        )  # fmt: skip
+        self.health_probes = Counter(
+            "pdbridge_gateway_health_probes", "Active GET /health probes of the instance, by "
+            "result (ok, failed).", ["role", "site", "instance", "result"], registry=r,
+        )  # fmt: skip
+        self.pool_available = Gauge(
+            "pdbridge_gateway_pool_available_instances", "Instances of the pool taking "
+            "traffic.", ["role", "site"], registry=r,
+        )  # fmt: skip
+        self.retries = Counter(
+            "pdbridge_gateway_retries", "Legs sent again to another instance after failing "
+            "before any byte reached the client, by pool role and the failure's cause.",
+            ["role", "cause"], registry=r,
+        )  # fmt: skip
         self._client_requests: dict[str, Any] = {}
         self._refusals = {c: self.client_key_refusals.labels(c) for c in ("missing", "invalid")}
         self._requests = {(p, o): self.requests.labels(p, o) for p in PATHS for o in OUTCOMES}
@@ -136,6 +172,28 @@ class GatewayMetrics:
         self._tpot = {p: self.tpot.labels(p) for p in PATHS}
         self._e2e = {p: self.e2e.labels(p) for p in PATHS}
         self._inflight = {p: self.inflight.labels(p) for p in PATHS}
+
+    def ejected(self, pool: PoolHealth, inst: InstanceHealth, cause: str) -> None:
+        """Outlier detection ejected ``inst`` from ``pool``."""
+        self.instance_ejections.labels(pool.role, pool.site, inst.url, cause).inc()
+
+    def leg_failed(self, role: str, site: str, url: str, cause: str) -> None:
+        self.instance_failures.labels(role, site, url, cause).inc()
+
+    def probed(self, role: str, site: str, url: str, ok: bool) -> None:
+        self.health_probes.labels(role, site, url, "ok" if ok else "failed").inc()
+
+    def retry(self, role: str, cause: str) -> None:
+        self.retries.labels(role, cause).inc()
+
+    def pools(self, pools: Iterable[PoolHealth], inflight: Mapping[str, int]) -> None:
+        """Per-pool and per-instance gauges (on scrape)."""
+        for pool in pools:
+            self.pool_available.labels(pool.role, pool.site).set(pool.healthy_count())
+            for url in pool.instances:
+                labels = (pool.role, pool.site, url)
+                self.instance_available.labels(*labels).set(1 if pool.available(url) else 0)
+                self.instance_in_flight.labels(*labels).set(inflight.get(url, 0))
 
     def client_request(self, key: str) -> None:
         """A request admitted under client key ``key`` (a name: bounded by the operators)."""

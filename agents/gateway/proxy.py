@@ -497,14 +497,18 @@ class Upstream:
         context: ssl.SSLContext | None = None
         if target.tls:
             context = self.ssl_context or ssl.create_default_context()
-        async with asyncio.timeout_at(min(deadline, loop.time() + self.connect_timeout_s)):
-            _, conn = await loop.create_connection(
-                lambda: _Conn(self._pool, target.key),
-                target.host,
-                target.port,
-                ssl=context,
-                server_hostname=target.host if context is not None else None,
-            )
+        try:
+            async with asyncio.timeout_at(min(deadline, loop.time() + self.connect_timeout_s)):
+                _, conn = await loop.create_connection(
+                    lambda: _Conn(self._pool, target.key),
+                    target.host,
+                    target.port,
+                    ssl=context,
+                    server_hostname=target.host if context is not None else None,
+                )
+        except TimeoutError as error:
+            # Not the leg's timeout: nothing was sent, so another instance may take it.
+            raise LegError("connect", detail="ConnectTimeout") from error
         return conn
 
     async def open(self, url: str, body: bytes, request_id: str, timeout_s: float) -> LegResponse:

@@ -17,6 +17,7 @@ import signal
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -69,6 +70,33 @@ async def scrape_once(gateway: Gateway, session: aiohttp.ClientSession, timeout_
         stats = gateway.router.stats.get(site.name)
         if known and stats is not None:
             stats.scraped_queue = sum(known)
+
+
+async def probe_once(gateway: Gateway, session: aiohttp.ClientSession, timeout_s: float) -> None:
+    """One round of active health probes: ``GET <engine>/health`` of every instance of every
+    pool (an engine in two pools is probed once), each bounded by ``timeout_s``; anything but
+    a 200 in time is a failed probe (see :mod:`agents.gateway.health`)."""
+    router = gateway.router
+    members: dict[str, list[tuple[str, str]]] = {}
+    for (role, site), pool in router.pools.items():
+        for url in pool.instances:
+            members.setdefault(url, []).append((role, site))
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    context = gateway.upstream.ssl_context
+    options: dict[str, Any] = {} if context is None else {"ssl": context}
+
+    async def one(url: str) -> bool:
+        try:
+            async with session.get(f"{url}/health", timeout=timeout, **options) as response:
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+    urls = list(members)
+    results = await asyncio.gather(*(one(url) for url in urls))
+    for url, ok in zip(urls, results, strict=True):
+        for role, site in members[url]:
+            router.probed(role, site, url, ok)
 
 
 async def _every(interval_s: float, step: Callable[[], Awaitable[None]], name: str) -> None:
@@ -170,6 +198,16 @@ async def start(
             asyncio.create_task(
                 _every(
                     settings.scrape_interval_s, lambda: scrape_once(gateway, session, 1.0), "scrape"
+                )
+            )
+        )
+    if settings.health_check_interval_s > 0:
+        running.tasks.append(
+            asyncio.create_task(
+                _every(
+                    settings.health_check_interval_s,
+                    lambda: probe_once(gateway, session, settings.health_check_timeout_s),
+                    "health_check",
                 )
             )
         )

@@ -19,6 +19,7 @@ from typing import Any
 from agents.gateway.breaker import CircuitBreaker
 from agents.gateway.config import DeploymentConfig, GatewaySettings, Instance, Site
 from agents.gateway.decision import Decision, RoutingPolicy, SiteView, decide
+from agents.gateway.health import InstanceHealth, PoolHealth, pick
 from agents.gateway.tuning import ThresholdTuner, site_pressure
 
 log = logging.getLogger("pdbridge.gateway")
@@ -30,8 +31,10 @@ class SiteStats:
 
     scraped_queue: float = 0.0
     inflight: int = 0
-    tokens: deque[tuple[float, int]] = field(default_factory=deque)
-    token_sum: int = 0
+    #: [time, tokens] of each request sent to the site, oldest first (a list, so that a
+    #: request whose prefill leg did not go through can give its tokens back in place).
+    tokens: deque[list[float]] = field(default_factory=deque)
+    token_sum: float = 0
 
 
 class Router:
@@ -46,6 +49,14 @@ class Router:
         self.instance_breakers: dict[str, CircuitBreaker] = {}
         self.stats: dict[str, SiteStats] = {}
         self.instance_inflight: dict[str, int] = {}
+        #: Health of every pool: ("decode", site) and ("prefill", site).
+        self.pools: dict[tuple[str, str], PoolHealth] = {}
+        #: Called when a pool ejects an instance (the gateway counts it in its metrics).
+        self.on_eject: Callable[[PoolHealth, InstanceHealth, str], None] | None = None
+        #: Called with (role, site, url, cause) for each leg failing at an instance, and
+        #: with (role, site, url, ok) for each active probe.
+        self.on_failure: Callable[[str, str, str, str], None] | None = None
+        self.on_probe: Callable[[str, str, str, bool], None] | None = None
         self._decode_turn = 0
 
     # -- configuration -------------------------------------------------------------------
@@ -70,8 +81,52 @@ class Router:
                 )
                 ib.settings = breaker_settings
                 instances[inst.url] = ib
+        pools: dict[tuple[str, str], PoolHealth] = {}
+        health = self.settings.health()
+        for role, site in [("decode", config.decode)] + [("prefill", s) for s in config.prefill]:
+            pool = PoolHealth(
+                role,
+                site.name,
+                [i.url for i in site.instances],
+                health,
+                self.clock,
+                self._ejected,
+            )
+            pool.reuse(self.pools.get((role, site.name)))
+            pools[(role, site.name)] = pool
         self.site_breakers, self.instance_breakers = sites, instances
+        self.pools = pools
         self.config = config
+
+    def _ejected(self, pool: PoolHealth, inst: InstanceHealth, cause: str) -> None:
+        if self.on_eject is not None:
+            self.on_eject(pool, inst, cause)
+
+    # -- pool health ---------------------------------------------------------------------
+    def pool(self, role: str, site: str) -> PoolHealth | None:
+        return self.pools.get((role, site))
+
+    def leg_ok(self, role: str, site: str, url: str) -> None:
+        """A leg to ``url`` (of pool ``role``/``site``) produced output."""
+        pool = self.pools.get((role, site))
+        if pool is not None:
+            pool.success(url)
+
+    def leg_failed(self, role: str, site: str, url: str, cause: str) -> None:
+        """A leg to ``url`` failed at the instance (connect, timeout, 5xx, broken)."""
+        pool = self.pools.get((role, site))
+        if pool is not None:
+            if self.on_failure is not None:
+                self.on_failure(role, site, url, cause)
+            pool.failure(url, cause)
+
+    def probed(self, role: str, site: str, url: str, ok: bool) -> None:
+        """The outcome of an active health probe of ``url``."""
+        pool = self.pools.get((role, site))
+        if pool is not None:
+            if self.on_probe is not None:
+                self.on_probe(role, site, url, ok)
+            pool.probe(url, ok)
 
     # -- decisions -----------------------------------------------------------------------
     def _link(self, config: DeploymentConfig, site: str) -> tuple[float, float]:
@@ -100,8 +155,10 @@ class Router:
         for site in config.prefill:
             bandwidth, ceiling = self._link(config, site.name)
             stats = self.stats[site.name]
+            pool = self.pools[("prefill", site.name)]
             available = self.site_breakers[site.name].allows() and any(
-                self.instance_breakers[i.url].allows() for i in site.instances
+                self.instance_breakers[i.url].allows() and pool.available(i.url)
+                for i in site.instances
             )
             views.append(
                 SiteView(
@@ -129,13 +186,18 @@ class Router:
 
     # -- instance choice -----------------------------------------------------------------
     def acquire_prefill(self, config: DeploymentConfig, site_name: str) -> Instance | None:
-        """Reserve the site's breaker and its least-loaded instance whose breaker allows a
-        request; None when none does (the caller falls back)."""
+        """Reserve the site's breaker and its least-loaded available instance whose breaker
+        allows a request; None when none does (the caller falls back)."""
         site = next((s for s in config.prefill if s.name == site_name), None)
         if site is None or not self.site_breakers[site_name].try_acquire():
             return None
+        pool = self.pools[("prefill", site_name)]
         candidates = sorted(
-            (i for i in site.instances if self.instance_breakers[i.url].allows()),
+            (
+                i
+                for i in site.instances
+                if self.instance_breakers[i.url].allows() and pool.available(i.url)
+            ),
             key=lambda i: self.instance_inflight.get(i.url, 0),
         )
         for inst in candidates:
@@ -145,17 +207,32 @@ class Router:
         return None
 
     def record_prefill(
-        self, site: str, inst: Instance, ok: bool | None, latency_s: float, cause: str = ""
+        self,
+        site: str,
+        inst: Instance,
+        ok: bool | None,
+        latency_s: float,
+        cause: str = "",
+        instance_fault: bool = False,
     ) -> None:
-        """Outcome of a prefill leg (``ok=None``: abandoned without verdict)."""
-        for breaker in (self.site_breakers.get(site), self.instance_breakers.get(inst.url)):
+        """Outcome of a prefill leg (``ok=None``: abandoned without verdict).
+        ``instance_fault``: the failure was the instance's own (its leg could not connect,
+        timed out, answered 5xx): the site's breaker gets no verdict while another instance
+        of the site is available -- one dead instance is ejected, the site stays open."""
+        site_verdict = ok
+        if ok is False and instance_fault and self._others_available(site, inst.url):
+            site_verdict = None
+        for breaker, verdict in (
+            (self.site_breakers.get(site), site_verdict),
+            (self.instance_breakers.get(inst.url), ok),
+        ):
             if breaker is None:
                 continue
             before = breaker.state
-            if ok is None:
+            if verdict is None:
                 breaker.release()
                 continue
-            breaker.record(ok, latency_s)
+            breaker.record(verdict, latency_s)
             after = breaker.state
             if after != before:
                 log.warning(
@@ -163,13 +240,34 @@ class Router:
                     extra={"breaker": breaker.name, "from": before, "to": after, "cause": cause},
                 )
 
-    def pick_decode(self, config: DeploymentConfig) -> Instance:
-        """The local decode instance with the fewest in-flight requests (round-robin among
-        equals, so an idle pool spreads load)."""
+    def _others_available(self, site: str, url: str) -> bool:
+        pool = self.pools.get(("prefill", site))
+        config = self.config
+        if pool is None or config is None:
+            return False
+        return any(
+            i.url != url and pool.available(i.url) and self.instance_breakers[i.url].allows()
+            for s in config.prefill
+            if s.name == site
+            for i in s.instances
+        )
+
+    def pick_decode(
+        self, config: DeploymentConfig, exclude: frozenset[str] = frozenset()
+    ) -> Instance | None:
+        """The available local decode instance with the fewest in-flight requests
+        (round-robin among equals, so an idle pool spreads load), skipping ``exclude``
+        (instances this request already failed on); when none is available, the least
+        loaded of the others (see :func:`agents.gateway.health.pick`); None when all are
+        excluded."""
         instances = config.decode.instances
         self._decode_turn = (self._decode_turn + 1) % len(instances)
         rotated = instances[self._decode_turn :] + instances[: self._decode_turn]
-        return min(rotated, key=lambda i: self.instance_inflight.get(i.url, 0))
+        pool = self.pools.get(("decode", config.decode.name))
+        if pool is None:  # a config applied without its pools (never through apply)
+            pool = PoolHealth("decode", config.decode.name, [], self.settings.health(), self.clock)
+        url = pick(pool, [i.url for i in rotated], self.instance_inflight, exclude)
+        return next((i for i in rotated if i.url == url), None)
 
     def begin(self, url: str, site: str | None = None) -> None:
         """An upstream leg to ``url`` started (load signal)."""
@@ -183,12 +281,25 @@ class Router:
         if site is not None and site in self.stats:
             self.stats[site].inflight = max(self.stats[site].inflight - 1, 0)
 
-    def note_remote_tokens(self, site: str, tokens: int) -> None:
-        """A request with ``tokens`` incremental prompt tokens was sent to ``site``."""
+    def note_remote_tokens(self, site: str, tokens: int) -> list[float] | None:
+        """A request with ``tokens`` incremental prompt tokens is being sent to ``site``;
+        returns its entry, for :meth:`release_remote_tokens` when its KV never crossed."""
         stats = self.stats.get(site)
-        if stats is not None:
-            stats.tokens.append((self.clock(), tokens))
-            stats.token_sum += tokens
+        if stats is None:
+            return None
+        entry = [self.clock(), float(tokens)]
+        stats.tokens.append(entry)
+        stats.token_sum += tokens
+        return entry
+
+    def release_remote_tokens(self, site: str, entry: list[float] | None) -> None:
+        """The request of ``entry`` sent no KV over the link (its prefill leg was refused
+        or failed): its tokens no longer count against the link's utilisation."""
+        stats = self.stats.get(site)
+        if stats is None or entry is None or not entry[1]:
+            return
+        stats.token_sum = max(stats.token_sum - entry[1], 0)
+        entry[1] = 0
 
     # -- re-tuning -----------------------------------------------------------------------
     def retune(self) -> tuple[float, float] | None:
@@ -254,6 +365,7 @@ class Router:
                 for site in config.prefill
             ],
             "decode": _site_doc(config.decode, self.instance_inflight),
+            "pools": [pool.snapshot() for pool in self.pools.values()],
         }
 
 

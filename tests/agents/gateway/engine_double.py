@@ -78,7 +78,7 @@ class EngineDouble:
         self.runner: web.AppRunner | None = None
         self.url = ""
 
-    async def start(self, ssl_context: Any = None) -> EngineDouble:
+    async def start(self, ssl_context: Any = None, port: int = 0) -> EngineDouble:
         app = web.Application()
         app.router.add_post("/v1/completions", self.generate)
         app.router.add_post("/v1/chat/completions", self.generate)
@@ -87,7 +87,7 @@ class EngineDouble:
         app.router.add_post("/tokenize", self.tokenize)
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=ssl_context)
+        site = web.TCPSite(self.runner, "127.0.0.1", port, ssl_context=ssl_context)
         await site.start()
         scheme = "https" if ssl_context else "http"
         self.url = f"{scheme}://127.0.0.1:{self.runner.addresses[0][1]}"

@@ -415,7 +415,17 @@ def test_models_health_and_unknown_route():
     models, health, missing = run(scenario())
 
     assert [m["id"] for m in models["data"]] == ["tiny"]
-    assert health == (200, {"status": "ok", "config_version": 3})
+    assert health == (
+        200,
+        {
+            "status": "ok",
+            "config_version": 3,
+            "pools": [
+                {"role": "decode", "site": "local", "healthy": 1, "total": 1, "status": "ok"},
+                {"role": "prefill", "site": "remote", "healthy": 1, "total": 1, "status": "ok"},
+            ],
+        },
+    )
     assert missing[0] == 404
     assert missing[1]["error"]["type"] == "invalid_request_error"
 

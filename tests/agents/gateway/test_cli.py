@@ -30,7 +30,15 @@ def test_serves_a_static_config_file(tmp_path):
         proc.terminate()
         _, stderr = proc.communicate(timeout=15)
 
-    assert health == {"status": "ok", "config_version": 7}
+    # No probe has judged the snapshot's (unreachable) engines yet: both pools count whole.
+    assert health == {
+        "status": "ok",
+        "config_version": 7,
+        "pools": [
+            {"role": "decode", "site": "local", "healthy": 1, "total": 1, "status": "ok"},
+            {"role": "prefill", "site": "remote", "healthy": 1, "total": 1, "status": "ok"},
+        ],
+    }
     assert proc.returncode == 0
     events = [json.loads(line)["event"] for line in stderr.splitlines() if line.startswith("{")]
     assert events[0] == "gateway.listening"
@@ -139,22 +147,42 @@ def test_tls_everywhere_without_insecure(tmp_path):
                 body = {"model": "tiny", "prompt": "word " * 200, "max_tokens": 3}
                 async with client.post(url + "/v1/completions", json=body, ssl=client_tls) as r:
                     routed = (r.status, r.headers["x-pdbridge-path"])
+                # The active probes reach the mTLS engines too: two rounds seen, none failed.
+                probes: dict[str, float] = {}
+                deadline = asyncio.get_running_loop().time() + 60
+                while asyncio.get_running_loop().time() < deadline:
+                    async with client.get(url + "/metrics", ssl=client_tls) as r:
+                        text = await r.text()
+                    probes = {"ok": 0.0, "failed": 0.0}
+                    for line in text.splitlines():
+                        if line.startswith("pdbridge_gateway_health_probes_total{"):
+                            result = "ok" if 'result="ok"' in line else "failed"
+                            probes[result] += float(line.rsplit(" ", 1)[1])
+                    if probes["ok"] >= 4:
+                        break
+                    await asyncio.sleep(0.2)
                 with_plain_http = None
                 try:
                     async with client.get(f"http://127.0.0.1:{port}/health") as r:
                         with_plain_http = r.status
                 except aiohttp.ClientError:
                     with_plain_http = "refused"
-            return health, routed, with_plain_http
+            return health, routed, with_plain_http, probes
         finally:
             proc.terminate()
             await proc.wait()
             for double in (console, decode, prefill):
                 await double.stop()
 
-    health, routed, with_plain_http = asyncio.run(scenario())
+    health, routed, with_plain_http, probes = asyncio.run(scenario())
 
-    assert health == {"status": "ok", "config_version": 3}
+    assert (health["status"], health["config_version"]) == ("ok", 3)
+    assert [(p["role"], p["healthy"], p["total"]) for p in health["pools"]] == [
+        ("decode", 1, 1),
+        ("prefill", 1, 1),
+    ]
+    assert probes["ok"] >= 4
+    assert probes["failed"] == 0
     assert routed == (200, "remote")
     assert with_plain_http in ("refused", 400)
 
