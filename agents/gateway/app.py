@@ -27,6 +27,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agents.gateway.access import ClientKeys, admit
+from agents.gateway.admission import Admission
 from agents.gateway.budget import FallbackBudget
 from agents.gateway.causes import kv_cause, prefill_cause
 from agents.gateway.config import DeploymentConfig, GatewaySettings, Instance
@@ -162,6 +163,11 @@ class Gateway:
             max(int(block * settings.chars_per_token), 1), settings.prefix_index_blocks
         )
         self.prefix_ids = PrefixIndex(block, settings.prefix_index_blocks)
+        self.admission = Admission(
+            settings.max_in_flight_requests,
+            settings.max_queued_requests,
+            settings.admission_queue_timeout_s,
+        )
         self.budget = FallbackBudget(
             rate=settings.fallback_rate_per_s,
             burst=settings.fallback_burst,
@@ -229,6 +235,8 @@ class Gateway:
     def refresh_gauges(self) -> None:
         """Breaker and site gauges (computed on scrape, not per request)."""
         router, m = self.router, self.metrics
+        m.admission_in_flight.set(self.admission.in_flight)
+        m.admission_queued.set(self.admission.queued)
         config = router.config
         if config is None:
             return
@@ -301,6 +309,44 @@ class Gateway:
                 error_body("the gateway has no configuration yet", "service_unavailable"),
                 base_headers,
             )
+        refusal = await self.admission.acquire()
+        if refusal is not None:
+            return self._overloaded(refusal, base_headers)
+        try:
+            return await self._admitted(kind, headers, read, client, arrived, request_id, config)
+        finally:
+            self.admission.release()
+
+    def _overloaded(self, reason: str, headers: dict[str, str]) -> web.Response:
+        """The 429 of admission control (OpenAI's rate-limit error shape)."""
+        self.metrics.admission_rejections.labels(reason).inc()
+        a = self.admission
+        log.warning(
+            "gateway.admission_refused",
+            extra={"reason": reason, "in_flight": a.in_flight, "queued": a.queued},
+        )
+        doc = error_body(
+            f"the gateway is serving its limit of {a.max_in_flight} requests with "
+            f"{a.queued} waiting ({reason}); retry later",
+            "requests",
+            None,
+            "rate_limit_exceeded",
+        )
+        retry_after = str(max(self.settings.admission_retry_after_s, 1))
+        return _json(429, doc, {**headers, "retry-after": retry_after})
+
+    async def _admitted(
+        self,
+        kind: Kind,
+        headers: Mapping[str, str],
+        read: Callable[[], Awaitable[bytes]],
+        client: Client,
+        arrived: float,
+        request_id: str,
+        config: DeploymentConfig,
+    ) -> web.StreamResponse | None:
+        """:meth:`complete` past admission: parse, route, serve."""
+        base_headers = {"x-request-id": request_id}
         try:
             raw = await read()
             body, parsed = self._parse(raw, kind, config)

@@ -292,6 +292,13 @@ class GatewaySettings:
     #: A request whose decode leg failed before any byte reached the client is sent again
     #: to another decode instance this many times (0: never).
     decode_retries: int = 1
+    #: Admission control (agents.gateway.admission): completions requests served at once
+    #: (0: no limit), how many more may wait for one to end and for how long, and the
+    #: ``Retry-After`` (seconds) of the 429 that any other request gets.
+    max_in_flight_requests: int = 1024
+    max_queued_requests: int = 1024
+    admission_queue_timeout_s: float = 10.0
+    admission_retry_after_s: int = 1
     #: Threshold re-tuning (see TuningSettings) and how often it runs.
     retune_interval_s: float = 5.0
     retune_raise_at: float = 0.9

@@ -159,6 +159,18 @@ class GatewayMetrics:
             "before any byte reached the client, by pool role and the failure's cause.",
             ["role", "cause"], registry=r,
         )  # fmt: skip
+        self.admission_rejections = Counter(
+            "pdbridge_gateway_admission_rejections", "Requests refused with 429 by admission "
+            "control, by reason (queue_full: the in-flight limit and the queue were full; "
+            "queue_timeout: queued past admission_queue_timeout_s).", ["reason"], registry=r,
+        )  # fmt: skip
+        self.admission_in_flight = Gauge(
+            "pdbridge_gateway_admission_in_flight", "Completions requests admitted and not "
+            "ended.", registry=r,
+        )  # fmt: skip
+        self.admission_queued = Gauge(
+            "pdbridge_gateway_admission_queued", "Requests waiting for admission.", registry=r
+        )
         self._client_requests: dict[str, Any] = {}
         self._refusals = {c: self.client_key_refusals.labels(c) for c in ("missing", "invalid")}
         self._requests = {(p, o): self.requests.labels(p, o) for p in PATHS for o in OUTCOMES}

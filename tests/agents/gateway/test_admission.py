@@ -1,0 +1,112 @@
+"""Admission control through a real gateway server and engine doubles on loopback: requests
+beyond the in-flight limit wait in a bounded queue; beyond the queue (or past its wait) a 429
+in OpenAI's error shape with Retry-After, counted; queued requests are served once a slot
+frees, oldest first."""
+
+import asyncio
+import dataclasses
+import json
+
+from agents.gateway.admission import Admission
+from tests.agents.gateway.harness import FAST, completion, gateway_env
+
+LIMITED = dataclasses.replace(
+    FAST, max_in_flight_requests=2, max_queued_requests=2, admission_queue_timeout_s=60.0
+)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def _until(predicate, timeout_s: float = 30.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not predicate():
+            await asyncio.sleep(0.01)
+
+
+def test_beyond_in_flight_and_queue_a_429_with_retry_after_then_the_queue_is_served():
+    async def scenario():
+        async with gateway_env(LIMITED) as env:
+            env.decode.hold_after_events = 1
+            held = [
+                asyncio.create_task(env.post(completion(f"p{i}", stream=True))) for i in range(2)
+            ]
+            await _until(lambda: env.decode.active == 2)
+            queued = [asyncio.create_task(env.post(completion(f"q{i}"))) for i in range(2)]
+            await _until(lambda: env.gateway.admission.queued == 2)
+            refused = await env.post(completion("over"))
+            engine_saw = len(env.decode.requests)
+            env.decode.release.set()
+            served = await asyncio.gather(*held, *queued)
+            return refused, engine_saw, served, await env.metrics()
+
+    (status, headers, body), engine_saw, served, metrics = run(scenario())
+
+    assert status == 429
+    assert headers["retry-after"] == "1"
+    assert json.loads(body) == {
+        "error": {
+            "message": "the gateway is serving its limit of 2 requests with 2 waiting "
+            "(queue_full); retry later",
+            "type": "requests",
+            "param": None,
+            "code": "rate_limit_exceeded",
+        }
+    }
+    assert engine_saw == 2
+    assert [s for s, _, _ in served] == [200, 200, 200, 200]
+    assert 'pdbridge_gateway_admission_rejections_total{reason="queue_full"} 1.0' in metrics
+
+
+def test_a_request_queued_past_its_wait_gets_429_queue_timeout():
+    settings = dataclasses.replace(
+        LIMITED, max_in_flight_requests=1, max_queued_requests=4, admission_queue_timeout_s=0.2
+    )
+
+    async def scenario():
+        async with gateway_env(settings) as env:
+            env.decode.hold_after_events = 1
+            held = asyncio.create_task(env.post(completion("p", stream=True)))
+            await _until(lambda: env.decode.active == 1)
+            refused = await env.post(completion("late"))
+            env.decode.release.set()
+            await held
+            after = await env.post(completion("after"))
+            return refused, after, await env.metrics(), env.gateway.admission.in_flight
+
+    (status, headers, _), after, metrics, in_flight = run(scenario())
+
+    assert (status, headers["retry-after"]) == (429, "1")
+    assert after[0] == 200
+    assert 'pdbridge_gateway_admission_rejections_total{reason="queue_timeout"} 1.0' in metrics
+    assert in_flight == 0
+
+
+def test_slots_go_to_the_oldest_waiter_and_a_cancelled_waiter_leaves_the_queue():
+    async def scenario():
+        admission = Admission(max_in_flight=1, max_queued=3, queue_timeout_s=30)
+        order: list[str] = []
+        assert await admission.acquire() is None
+
+        async def wait(name: str) -> None:
+            assert await admission.acquire() is None
+            order.append(name)
+
+        first = asyncio.create_task(wait("first"))
+        gone = asyncio.create_task(wait("gone"))
+        last = asyncio.create_task(wait("last"))
+        await _until(lambda: admission.queued == 3)
+        gone.cancel()
+        await _until(lambda: admission.queued == 2)
+        admission.release()
+        await first
+        admission.release()
+        await last
+        admission.release()
+        return order, admission.in_flight, admission.queued
+
+    order, in_flight, queued = run(scenario())
+
+    assert order == ["first", "last"]
+    assert (in_flight, queued) == (0, 0)
