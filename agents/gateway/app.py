@@ -32,6 +32,7 @@ from agents.gateway.budget import FallbackBudget
 from agents.gateway.causes import kv_cause, prefill_cause
 from agents.gateway.config import DeploymentConfig, GatewaySettings, Instance
 from agents.gateway.decision import Decision
+from agents.gateway.length import capped, context_error, needs_count
 from agents.gateway.logs import request_id_var
 from agents.gateway.metrics import GatewayMetrics
 from agents.gateway.openai import Kind, ParsedRequest, RequestError, error_body, parse_request
@@ -355,17 +356,12 @@ class Gateway:
             return _json(error.status, error.body(), base_headers)
         key = headers.get(self.settings.sticky_key_header) or parsed.user or request_id
         prompt_tokens, exact = await self._prompt_tokens(parsed, config, request_id)
-        # Only an exact count is refused here; an estimate could be wrong, and the engine
-        # refuses a prompt that is really too long (its 4xx is relayed as is).
-        if exact and config.max_model_len is not None and prompt_tokens > config.max_model_len:
+        # Only an exact count is refused (see agents.gateway.length).
+        too_long = exact and context_error(
+            kind, prompt_tokens, parsed.max_tokens, config.max_model_len
+        )
+        if too_long:
             self.metrics.request("local", "client_error")
-            too_long = RequestError(
-                400,
-                f"the prompt is about {prompt_tokens} tokens; this model's context is "
-                f"{config.max_model_len} tokens",
-                "prompt" if kind == "completions" else "messages",
-                "context_length_exceeded",
-            )
             return _json(400, too_long.body(), base_headers)
         decision = self.router.decide(config, key, prompt_tokens, self._cached_tokens(parsed))
         self.metrics.decision(decision.path, decision.reason)
@@ -411,17 +407,16 @@ class Gateway:
     async def _prompt_tokens(
         self, parsed: ParsedRequest, config: DeploymentConfig, request_id: str
     ) -> tuple[int, bool]:
-        """(length, exact): exact for token-id prompts; else an estimate from characters,
-        made exact by the decode engine's ``/tokenize`` when enabled and the estimate is near
-        the threshold."""
+        """(length, exact): exact for token-id prompts; else an estimate from characters
+        (capped at the model's context), made exact by the decode engine's ``/tokenize``
+        when the estimate is over the context, or near the threshold with ``tokenize`` on."""
         if parsed.prompt_tokens is not None:
             return parsed.prompt_tokens, True
-        estimate = int(parsed.prompt_chars / self.settings.chars_per_token + 0.5)
+        raw_estimate = int(parsed.prompt_chars / self.settings.chars_per_token + 0.5)
+        estimate = capped(raw_estimate, config.max_model_len)
         threshold = self.router.tuner.effective(config.threshold_tokens)
-        if (
-            not self.settings.tokenize
-            or not parsed.text
-            or not threshold / 2 <= estimate <= threshold * 2
+        if not parsed.text or not needs_count(
+            raw_estimate, parsed.max_tokens, threshold, config.max_model_len, self.settings.tokenize
         ):
             return estimate, False
         instance = self.router.pick_decode(config)

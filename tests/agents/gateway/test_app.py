@@ -619,7 +619,8 @@ def test_metrics_exported_with_prefix():
 def test_engine_refusal_is_relayed_and_does_not_trip_the_breaker():
     async def scenario():
         async with gateway_env() as env:
-            results = [await env.post(completion("w " * 20000)) for _ in range(4)]
+            # Estimated under the context (7,750 tokens), refused by the engine (its limit).
+            results = [await env.post(completion("w" * 31000)) for _ in range(4)]
             breaker = env.gateway.router.site_breakers["remote"].state
             return results, breaker, await env.metrics()
 
