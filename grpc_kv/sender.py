@@ -10,6 +10,10 @@ over ``connections`` streams, each on its own TCP connection, at most ``window``
 A corrupt chunk is resent; a broken connection reconnects with backoff and resumes from
 what the receiver holds. Failures surface from ``send_layer``/``finish`` as TransferError
 (TransferTimeout past ``timeout_ms``, TransferRefused for a refusal no retry can fix).
+
+This module holds the transfer's lifecycle (Begin and resume, refusals, encoding and queueing
+chunks, the trailer, cancel); :mod:`grpc_kv.streams` moves the queued chunks over the
+connections and reads their acknowledgements.
 """
 
 from __future__ import annotations
@@ -17,18 +21,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import logging
 import math
 import random
 import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any
 
 import grpc
 
-from grpc_kv.bulk import BulkRefused, BulkStream, is_certificate_error
 from grpc_kv.codec import (
     CHECKSUM_TO_PB,
     CODEC_TO_PB,
@@ -40,7 +41,7 @@ from grpc_kv.codec import (
     transfer_digest,
 )
 from grpc_kv.handshake import diagnose, refusal_in_details
-from grpc_kv.link import EOF, Link
+from grpc_kv.link import Link
 from grpc_kv.manifest import TransferHeader
 from grpc_kv.options import LinkOptions
 from grpc_kv.protocol import PROTOCOL_VERSION, pb
@@ -50,13 +51,11 @@ from grpc_kv.results import (
     TransferRefused,
     TransferSummary,
     TransferTimeout,
-    _StreamStalled,
 )
+from grpc_kv.streams import ROLE, ChunkStreams, log
 from grpc_kv.tls import TLSConfig
 from grpc_kv.wire import OutChunk, encode_chunk
 
-log = logging.getLogger("grpc_kv.sender")
-ROLE = "sender"
 _THREAD_ENCODE_BYTES = 256 * 1024
 # Statuses no retry can fix: the transfer fails at once.
 _FATAL = {
@@ -71,7 +70,7 @@ _FATAL = {
 }
 
 
-class Transfer:
+class Transfer(ChunkStreams):
     """One transfer in progress; made by :func:`open_transfer` (see module docstring)."""
 
     def __init__(self, link: Link, header: TransferHeader, options: LinkOptions) -> None:
@@ -478,294 +477,6 @@ class Transfer:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
         self._workers = []  # their tracebacks reference this transfer: no cycle kept alive
-
-    # -- workers -------------------------------------------------------------------------
-    def _acked(self, chunk: OutChunk) -> None:
-        if self._unacked.pop(chunk.seq, None) is None:
-            return
-        self._inflight.pop(chunk.seq, None)
-        if chunk.queued:
-            self._queue.remove(chunk)
-            chunk.queued = False
-        self._buffered -= chunk.wire
-
-    async def _next(self, index: int, reader: asyncio.Task[None]) -> OutChunk | None:
-        async with self._cond:
-            while True:
-                if reader.done():
-                    return None
-                if self._error is not None or (self._closed and not self._unacked):
-                    return None
-                if self._queue and len(self._inflight) < self.options.window:
-                    chunk = self._queue.popleft()
-                    chunk.queued = False
-                    chunk.conn = index
-                    self._inflight[chunk.seq] = chunk
-                    return chunk
-                if self.remaining() <= 0:
-                    return None
-                await self._cond.wait()
-
-    async def _requeue(self, chunk: OutChunk, counts: bool) -> None:
-        """Put a chunk back at the front; ``counts``: the attempt counts against retry."""
-        async with self._cond:
-            if chunk.seq not in self._unacked:
-                return
-            self._inflight.pop(chunk.seq, None)
-            if counts:
-                chunk.attempts += 1
-                if chunk.attempts > self.options.retry:
-                    self._fail(
-                        TransferError(f"chunk {chunk.seq} failed {chunk.attempts} times (retry)")
-                    )
-            if not chunk.queued:
-                self._queue.appendleft(chunk)
-                chunk.queued = True
-            self._wake_all()  # a failed retry ends the producer's wait too
-
-    def _requeue_later(self, chunk: OutChunk, delay: float) -> None:
-        def fire() -> None:
-            task = asyncio.ensure_future(self._requeue(chunk, counts=False))
-            self._timers.add(task)
-            task.add_done_callback(self._timers.discard)
-
-        asyncio.get_running_loop().call_later(delay, fire)
-
-    async def _worker(self, index: int) -> None:
-        failures = 0
-        resume = False
-        while self._error is None and not self._done and self.remaining() > 0:
-            if self._closed and not self._unacked:
-                return
-            try:
-                if resume:
-                    await self._begin(resume=True, index=index)
-                await self._stream(index)
-                failures = 0
-                resume = False
-            except BulkRefused as exc:
-                self._fail(TransferRefused(f"bulk: {exc}", exc.code))
-                await self._requeue_connection(index)
-                await self._notify()
-                return
-            except (
-                grpc.aio.AioRpcError,
-                grpc.aio.UsageError,
-                asyncio.InvalidStateError,
-                _StreamStalled,
-                OSError,  # the bulk data path: refused, reset, unreachable, TLS failure
-            ) as exc:
-                if isinstance(exc, OSError) and is_certificate_error(exc):
-                    error = PeerRefused(
-                        f"bulk: TLS handshake refused: {exc}", grpc.StatusCode.UNAVAILABLE, "tls"
-                    )
-                    with contextlib.suppress(PeerRefused):
-                        self._refused(error)
-                self.broken_calls += 1
-                if isinstance(exc, grpc.aio.AioRpcError):
-                    with contextlib.suppress(TransferError):
-                        self._handle_rpc_error(exc, "push")
-                await self._requeue_connection(index)
-                await self._notify()
-                if self._error is not None:
-                    return
-                if isinstance(exc, _StreamStalled) or (
-                    isinstance(exc, grpc.aio.AioRpcError)
-                    and exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED
-                ):
-                    await self.link.reset(index)
-                resume = True
-                await asyncio.sleep(min(self._backoff(failures), max(self.remaining(), 0)))
-                failures += 1
-
-    async def _requeue_connection(self, index: int) -> None:
-        for chunk in sorted(self._inflight.values(), key=lambda c: -c.seq):
-            if chunk.conn == index:
-                await self._requeue(chunk, counts=True)
-
-    async def _open_stream(self, index: int) -> Any:
-        """A Push call on connection ``index``, or a bulk data connection standing in for
-        one (same interface: write/send, read -> ack or EOF, done_writing, cancel)."""
-        if not self._bulk_port:
-            return self.link.push(index)(timeout=max(self.remaining(), 0.01))
-        return await BulkStream.open(
-            self.link.target,
-            self._bulk_port,
-            self.link.tls,
-            self.header.transfer_id,
-            self.session,
-            self._rpc_timeout(),
-            EOF,
-        )
-
-    async def _stream(self, index: int) -> None:
-        call = await self._open_stream(index)
-        bulk = isinstance(call, BulkStream)
-        # The receiver answers a stream's chunks one by one, in the order they were written
-        # (on both data paths), so each ack is matched to the oldest chunk still unanswered
-        # on it -- not only by the seq it names, which may be a damaged one.
-        sent: deque[OutChunk] = deque()
-        reader = asyncio.create_task(self._read_acks(call, index, sent))
-        chunk: OutChunk | None = None
-        try:
-            while True:
-                chunk = await self._next(index, reader)
-                if chunk is None:
-                    break
-                await self.link.bucket.take(chunk.wire)
-                if reader.done():  # the stream died while we waited: never sent on it
-                    await self._requeue(chunk, counts=False)
-                    break
-                sent.append(chunk)  # before writing: its ack may be read before we resume
-                try:
-                    if bulk:
-                        await call.send(chunk.bulk_parts)
-                    else:
-                        await call.write(chunk.frame())
-                except (
-                    grpc.aio.AioRpcError,
-                    grpc.aio.UsageError,
-                    asyncio.InvalidStateError,
-                    OSError,  # BulkBroken, a reset data connection
-                ):
-                    await self._requeue(chunk, counts=True)
-                    break
-                if chunk.sends:
-                    self.summary.retransmits += 1
-                    self.summary.resent_bytes += chunk.raw
-                    self.link.metrics.retransmits.labels(ROLE).inc()
-                chunk.sends += 1
-                self.summary.bytes_wire += chunk.wire
-                self._count_wire.inc(chunk.wire)
-            if not reader.done():
-                await call.done_writing()
-            await reader
-        finally:
-            if bulk:
-                call.cancel()  # closes the data connection, however the stream ended
-            if not reader.done():
-                reader.cancel()
-                call.cancel()
-            elif not reader.cancelled():
-                reader.exception()  # a broken stream whose worker is being stopped: seen
-            # A grpc.aio call keeps its TCP connection alive until the call object is freed,
-            # even after the channel is closed; tracebacks of the cancelled workers hold
-            # these frames in reference cycles that only the cyclic GC would break. Drop the
-            # references here so the connection closes with its channel.
-            del call, reader, chunk
-
-    async def _read_acks(self, call: Any, index: int, sent: deque[OutChunk]) -> None:
-        try:
-            await self._read_loop(call, index, sent)
-        finally:
-            del call  # see _stream
-            # Wake the writer of this connection: it must notice the stream ended.
-            await self._notify()
-
-    def _stall_timeout(self) -> float:
-        """How long a connection with chunks in flight may go without an ack before it is
-        declared dead (a black-holed path that TCP and HTTP/2 keepalive do not notice):
-        four chunks per connection at the link's rate, at least ``rpc_timeout_ms``. Before
-        the rate is known, only the deadline applies."""
-        rate = self.link.known_bytes_per_s()
-        if rate <= 0:
-            return max(self.remaining(), 0.05)
-        per_conn = 4 * self.options.chunk_size_bytes * len(self.link.channels) / rate
-        return max(self.options.rpc_timeout_ms / 1000, per_conn)
-
-    async def _read_loop(self, call: Any, index: int, sent: deque[OutChunk]) -> None:
-        # The server ends a stream only on error (raised by read) or after we finished
-        # writing; anything still in flight on it goes around again.
-        # One read kept pending across timeouts: cancelling a grpc.aio read cancels the RPC.
-        read = asyncio.ensure_future(call.read())
-        # A bulk data connection hands over the acks it already holds without a wait.
-        ready = getattr(call, "ready_ack", None)
-        try:
-            while True:
-                done, _ = await asyncio.wait({read}, timeout=self._stall_timeout())
-                if not done:
-                    if any(c.conn == index for c in self._inflight.values()):
-                        log.warning(
-                            "stream_stalled transfer_id=%s connection=%d",
-                            self.header.transfer_id,
-                            index,
-                        )
-                        call.cancel()
-                        raise _StreamStalled(f"no ack on connection {index}")
-                    continue
-                ack = read.result()
-                if ack is EOF:
-                    await self._requeue_connection(index)
-                    return
-                await self._on_ack(self._matched(ack, sent))
-                while ready is not None and (ack := ready()) is not None:
-                    await self._on_ack(self._matched(ack, sent))
-                read = asyncio.ensure_future(call.read())
-        finally:
-            # A read given up on may still end with the call's error (cancelling it races
-            # with the RPC failing); retrieve that, or asyncio logs "exception never retrieved"
-            # with a traceback that keeps the call, and so its connection, alive.
-            read.add_done_callback(_retrieve)
-            read.cancel()
-            del call, read, ready  # see _stream
-
-    def _matched(self, ack: Any, sent: deque[OutChunk]) -> Any:
-        """The ack as an answer to the oldest chunk unanswered on its stream. One that names
-        another seq answers that chunk all the same, whose head (its seq) was damaged on the
-        way: it is taken as ACK_CORRUPT for it, so the chunk is resent at once instead of
-        waiting, unanswered, for the stall timeout."""
-        if not sent:
-            return ack
-        expected = sent.popleft()
-        if ack.seq == expected.seq:
-            return ack
-        log.warning(
-            "ack_mismatch transfer_id=%s seq=%d answered_as=%d detail=%s",
-            self.header.transfer_id,
-            expected.seq,
-            ack.seq,
-            "the chunk's head was damaged in flight; resending it",
-        )
-        return pb.Ack(
-            seq=expected.seq,
-            status=pb.ACK_CORRUPT,
-            detail=f"answered as seq {ack.seq}: the chunk's head was damaged in flight",
-        )
-
-    async def _on_ack(self, ack: Any) -> None:
-        chunk = self._unacked.get(ack.seq)
-        if chunk is None:
-            return
-        if ack.status == pb.ACK_OK:
-            async with self._cond:
-                self._acked(chunk)
-                self._wake_all()  # a window slot and buffer space
-            self.link.observe_acked(chunk.wire)
-            self._count_raw.inc(chunk.raw)
-            self._count_chunks.inc()
-            if self._unverified:
-                self.link.metrics.unverified.labels(ROLE).inc()
-        elif ack.status == pb.ACK_CORRUPT:
-            self.summary.checksum_failures += 1
-            self.link.metrics.checksum_failures.labels(ROLE).inc()
-            log.warning(
-                "chunk_resend transfer_id=%s seq=%d detail=%s",
-                self.header.transfer_id,
-                ack.seq,
-                ack.detail,
-            )
-            await self._requeue(chunk, counts=True)
-        else:  # BUSY: the receiver is over its memory budget; back off, not an attempt
-            self.summary.busy += 1
-            async with self._cond:
-                self._inflight.pop(chunk.seq, None)
-                self._cond.notify_all()
-            self._requeue_later(chunk, self._backoff(min(self.summary.busy, 4)))
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 @contextlib.asynccontextmanager
