@@ -34,6 +34,7 @@ from grpc_kv.local import consume
 from grpc_kv.manifest import Fingerprint, LayerKind, LayerSpec, TransferHeader
 from grpc_kv.metrics import SENDER_METRICS, LinkMetrics
 from grpc_kv.options import LinkOptions, ReceiverOptions
+from grpc_kv.pool import LinkPool
 from grpc_kv.probe import loopback, probe
 from grpc_kv.receiver import ReceiverServer
 from grpc_kv.results import (
@@ -61,6 +62,7 @@ __all__ = [
     "Link",
     "LinkMetrics",
     "LinkOptions",
+    "LinkPool",
     "PeerRefused",
     "PeerRejected",
     "ReceiverOptions",

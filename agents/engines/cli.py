@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agents.engines.reference.grpc_link import LinkPool
+    from grpc_kv.api import LinkPool
 
 log = logging.getLogger("pdbridge.engines.cli")
 

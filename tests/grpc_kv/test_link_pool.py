@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import os
 
-from agents.engines.reference.grpc_link import LinkPool
+from grpc_kv.api import LinkPool
 from grpc_kv.api import FingerprintMismatch, LinkOptions, TransferRefused, open_transfer
 from tests.grpc_kv.kvtest import FP, INSECURE, OTHER_FP, make_header, receiver, run
 from tests.support import connections_to

@@ -1,0 +1,592 @@
+"""pdbridge's vLLM KV connector: push mode over grpc_kv, hybrid-aware (``SupportsHMA``).
+
+Load it with ``--kv-transfer-config '{"kv_connector": "PdbridgeConnector",
+"kv_connector_module_path": "pdbridge_vllm.connector", "kv_role": "kv_producer" | "kv_consumer",
+"kv_connector_extra_config": {...}}'`` (docs/vllm.md). One class serves both roles and both of
+vLLM's sides of a role: vLLM builds it in the scheduler (engine core) and in every worker.
+
+Requests carry pdbridge's ``kv_transfer_params`` (the gateway's push mode):
+
+* prefill leg ``{"do_remote_decode": true, "transfer_id", "kv_destination": "host:port"}``: the
+  scheduler side tells the worker, step by step, which of the request's blocks are computed;
+  the worker hands each attention layer's newly computed blocks to a grpc_kv transfer from
+  ``save_kv_layer`` (the link sends them while later layers compute), and once the request
+  finishes, the linear-attention state slots (no hook fires for those layers) and the rest,
+  then finishes the transfer. The blocks are held until the transfer is acknowledged or failed
+  (``request_finished_all_groups`` -> ``get_transfer_results().finished_sending``), at most
+  ``lease_s``. Models with linear attention prefill N-1 tokens: decode computes the last one
+  on top of state h(N-1) (applying it twice would corrupt the recurrent state).
+* decode leg ``{"do_remote_prefill": true, "transfer_id", "deadline_s"}``: the scheduler side
+  answers the prompt (less the backoff) as loadable asynchronously; the worker waits for the
+  transfer on its embedded receiver (fingerprint checked at Begin, layout before any block is
+  written), writes every verified page into the request's blocks as it arrives, and reports
+  the request finished -- or failed (``failed_recving``), so vLLM recomputes locally
+  (``kv_load_failure_policy: recompute``) or fails the request (``fail``) -- within the
+  deadline. vLLM never times out a waiting request itself; this connector always does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.utils import clip_ssm_state_blocks, yield_req_data
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
+)
+from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec
+
+from grpc_kv import api as kv
+from pdbridge_vllm import stats as connector_stats
+from pdbridge_vllm.config import ConnectorConfig, model_fingerprint, parse_fingerprint
+from pdbridge_vllm.layout import LAYOUT_ATTR, GroupLayout, KvLayout, LayerPages, cdiv, state_kind
+from pdbridge_vllm.runtime import Incoming, Outgoing, Runtime
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+log = logging.getLogger("vllm.pdbridge")  # under vLLM's logger: its handler and format
+BlockIds = tuple[list[int], ...]
+NULL_BLOCK = 0  # vLLM's block pool hands out block 0 as the null block, never to a request
+
+
+@dataclass
+class SaveStep:
+    """Prefill side, one step: the request's blocks and how many tokens are computed after it."""
+
+    req_id: str
+    transfer_id: str
+    destination: str
+    request_id: str
+    n_tokens: int
+    computed: int
+    block_ids: BlockIds
+
+
+@dataclass
+class SaveEnd:
+    """Prefill side: the request finished (``ok``) or was aborted; its final blocks."""
+
+    req_id: str
+    ok: bool
+    block_ids: BlockIds
+
+
+@dataclass
+class LoadStart:
+    """Decode side: wait for ``transfer_id`` and fill these blocks."""
+
+    req_id: str
+    transfer_id: str
+    deadline_s: float
+    n_tokens: int
+    local_tokens: int
+    block_ids: BlockIds
+
+
+@dataclass
+class PdbridgeMetadata(KVConnectorMetadata):
+    saves: list[SaveStep] = field(default_factory=list)
+    ends: list[SaveEnd] = field(default_factory=list)
+    loads: list[LoadStart] = field(default_factory=list)
+    cancel_loads: list[str] = field(default_factory=list)
+    expired: list[str] = field(default_factory=list)
+
+
+class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
+    """See the module docstring."""
+
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        self.config = ConnectorConfig.from_extra(self._kv_transfer_config.kv_connector_extra_config)
+        self._producer = bool(self._kv_transfer_config.is_kv_producer)
+        self._consumer = bool(self._kv_transfer_config.is_kv_consumer)
+        self._group_ids = tuple(kv_cache_config.transfer_group_ids)
+        groups = [kv_cache_config.kv_cache_groups[g] for g in self._group_ids]
+        self._state_groups = [isinstance(g.kv_cache_spec, MambaSpec) for g in groups]
+        self._spec_blocks = [getattr(g.kv_cache_spec, "num_speculative_blocks", 0) for g in groups]
+        # A model with linear layers prefills N-1 tokens (see the module docstring).
+        self._backoff = 1 if kv_cache_config.has_mamba_layers else 0
+        self._model = vllm_config.model_config.model
+        # Scheduler side
+        self._sending: dict[str, Request] = {}
+        self._held: dict[str, float] = {}
+        self._pending = PdbridgeMetadata()
+        self._loading: dict[str, LoadStart] = {}
+        self._local: dict[str, int] = {}
+        # Worker side
+        self._runtime: Runtime | None = None
+        self._layout: KvLayout | None = None
+        self._caches: dict[str, list[torch.Tensor]] = {}
+        self._fingerprint: kv.Fingerprint | None = None
+        self._out: dict[str, Outgoing] = {}
+        self._next: dict[tuple[str, str], int] = {}
+        self._tokens: dict[str, int] = {}
+        self._ended: dict[str, Outgoing] = {}
+        self._in: dict[str, Incoming] = {}
+
+    # ------------------------------------------------------------------ scheduler side
+
+    def on_new_request(self, request: Request) -> None:
+        params = request.kv_transfer_params
+        if not (self._producer and params and params.get("do_remote_decode")):
+            return
+        if not (params.get("transfer_id") and params.get("kv_destination")):
+            log.warning(
+                "pdbridge_kv_params_incomplete request_id=%s: do_remote_decode without "
+                "transfer_id and kv_destination; no KV is sent",
+                request.request_id,
+            )
+            return
+        backoff = self._backoff
+        if backoff and request.num_prompt_tokens > backoff and not params.get("_pdbridge_cut"):
+            # Stop short of what decode recomputes (vLLM's NIXL connector does the same).
+            if request.prompt_token_ids is not None:
+                del request.prompt_token_ids[-backoff:]
+            del request._all_token_ids[-backoff:]
+            request.num_prompt_tokens -= backoff
+            request.max_tokens = 1
+            params["_pdbridge_cut"] = True
+        self._sending[request.request_id] = request
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int, bool]:
+        params = request.kv_transfer_params
+        if not (self._consumer and params and params.get("do_remote_prefill")):
+            return 0, False
+        if not params.get("transfer_id") or params.get("_pdbridge_staged"):
+            return 0, False
+        count = self._remote_tokens(len(request.prompt_token_ids or ())) - num_computed_tokens
+        if count <= 0:
+            return 0, False
+        self._local[request.request_id] = num_computed_tokens  # this engine's prefix-cache hit
+        return count, True
+
+    def _remote_tokens(self, prompt_tokens: int) -> int:
+        return prompt_tokens - self._backoff if prompt_tokens > self._backoff else prompt_tokens
+
+    def get_loaded_kv_cache_group_ids(self, request: Request) -> tuple[int, ...]:
+        return self._group_ids  # a transfer restores every group, not only prefix-cacheable ones
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        params = request.kv_transfer_params
+        if not (self._consumer and params and params.get("do_remote_prefill")):
+            return
+        if num_external_tokens <= 0 or params.get("_pdbridge_staged"):
+            return
+        block_ids = self._select(self._manager().get_block_ids(request.request_id))
+        local = self._local.pop(request.request_id, 0)
+        deadline = params.get("deadline_s")
+        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or deadline <= 0:
+            deadline = self.config.deadline_s
+        start = LoadStart(
+            req_id=request.request_id,
+            transfer_id=str(params["transfer_id"]),
+            deadline_s=float(deadline),
+            n_tokens=local + num_external_tokens,
+            local_tokens=local,
+            block_ids=block_ids,
+        )
+        self._pending.loads.append(start)
+        self._loading[request.request_id] = start
+        params["_pdbridge_staged"] = True
+
+    def _meta(self) -> PdbridgeMetadata:
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, PdbridgeMetadata):
+            raise TypeError(f"connector metadata: {type(meta).__name__}, not PdbridgeMetadata")
+        return meta
+
+    def _manager(self) -> Any:
+        if self._kv_cache_manager is None:
+            raise RuntimeError("the KV cache manager is not bound to the connector yet")
+        return self._kv_cache_manager
+
+    def _select(self, block_ids: Any) -> BlockIds:
+        ids = self._kv_cache_config.select_transfer_block_ids(block_ids)
+        return tuple(list(group) for group in ids)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta, self._pending = self._pending, PdbridgeMetadata()
+        if self._sending:
+            manager = self._manager()
+            for req_id, _, _ in yield_req_data(scheduler_output):
+                request = self._sending.get(req_id)
+                if request is None:
+                    continue
+                params = request.kv_transfer_params or {}
+                meta.saves.append(
+                    SaveStep(
+                        req_id=req_id,
+                        transfer_id=str(params["transfer_id"]),
+                        destination=str(params["kv_destination"]),
+                        request_id=str(params.get("request_id") or req_id)[:128],
+                        n_tokens=request.num_prompt_tokens,
+                        computed=request.num_computed_tokens
+                        + scheduler_output.num_scheduled_tokens.get(req_id, 0),
+                        block_ids=self._select(manager.get_block_ids(req_id)),
+                    )
+                )
+        now = time.monotonic()
+        for req_id, until in list(self._held.items()):
+            if until < now:
+                meta.expired.append(req_id)
+                self._held[req_id] = float("inf")  # reported once; freed when the worker says so
+        return meta
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, Any]:
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        from vllm.v1.request import RequestStatus
+
+        req_id = request.request_id
+        self._local.pop(req_id, None)
+        if req_id in self._loading:
+            load = self._loading.pop(req_id)
+            if request.status not in (
+                RequestStatus.FINISHED_LENGTH_CAPPED,
+                RequestStatus.FINISHED_STOPPED,
+            ):
+                # Aborted while its KV may still be arriving: vLLM frees the blocks once the
+                # load is reported finished; end it now rather than at the deadline.
+                self._pending.cancel_loads.append(load.req_id)
+            return False, None
+        sending = self._sending.pop(req_id, None)
+        if sending is None:
+            return False, None
+        params = request.kv_transfer_params or {}
+        ok = request.status in (
+            RequestStatus.FINISHED_LENGTH_CAPPED,
+            RequestStatus.FINISHED_STOPPED,
+        )
+        ids = self._select(block_ids)
+        final = tuple(
+            clip_ssm_state_blocks(list(group), self._spec_blocks[i])
+            if self._state_groups[i]
+            else list(group)
+            for i, group in enumerate(ids)
+        )
+        self._pending.ends.append(SaveEnd(req_id=req_id, ok=ok, block_ids=final))
+        if not ok:
+            return False, None
+        self._held[req_id] = time.monotonic() + self.config.lease_s
+        return True, {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "transfer_id": params.get("transfer_id"),
+            "kv_destination": params.get("kv_destination"),
+            "kv_connector": "pdbridge",
+            "kv_tokens": request.num_prompt_tokens,
+        }
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        for req_id in connector_output.finished_sending or ():
+            self._held.pop(req_id, None)
+
+    def has_pending_push_work(self) -> bool:
+        # Keep vLLM stepping while transfers hold blocks, so their completion is polled.
+        return bool(self._held)
+
+    # ------------------------------------------------------------------ worker side
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        self._caches = {
+            name: list(t) if isinstance(t, (list, tuple)) else [t] for name, t in kv_caches.items()
+        }
+        groups = []
+        for gid in self._group_ids:
+            group = self._kv_cache_config.kv_cache_groups[gid]
+            spec = group.kv_cache_spec
+            if isinstance(spec, MambaSpec):
+                kind, window = "state", 0
+            elif isinstance(spec, SlidingWindowSpec):
+                kind, window = "sliding", cdiv(spec.sliding_window, spec.block_size) + 1
+            else:
+                kind, window = "full", 0
+            pages = []
+            for layer in group.layer_names:
+                tensors = self._caches[layer]
+                for i, tensor in enumerate(tensors):
+                    page = tensor[0]
+                    pages.append(
+                        LayerPages(
+                            name=layer if len(tensors) == 1 else f"{layer}#{i}",
+                            page_bytes=page.numel() * page.element_size(),
+                            dtype=str(page.dtype).removeprefix("torch."),
+                            page_shape=tuple(page.shape),
+                            kind=state_kind(i)
+                            if kind == "state"
+                            else (kv.LayerKind.SLIDING if kind == "sliding" else kv.LayerKind.FULL),
+                        )
+                    )
+            groups.append(GroupLayout(kind, spec.block_size, window, tuple(pages)))
+        self._layout = KvLayout(tuple(groups))
+        self._fingerprint = (
+            parse_fingerprint(self.config.fingerprint)
+            if self.config.fingerprint
+            else model_fingerprint(self._model)
+        )
+        self._runtime = Runtime(self.config.link, self.config.tls())
+        if self._consumer:
+            if not self.config.listen:
+                raise ValueError("kv_connector_extra_config.listen: required for kv_consumer")
+            port = self._runtime.listen(self.config.listen, self.config.receiver)
+            log.info("pdbridge_kv_listening address=%s port=%d", self.config.listen, port)
+        log.info(
+            "pdbridge_kv_ready role=%s groups=%s fingerprint=%s",
+            "producer" if self._producer else "consumer",
+            [g.kind for g in groups],
+            self._fingerprint,
+        )
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        if not self.has_connector_metadata():
+            return
+        meta = self._meta()
+        for load in meta.loads:
+            self._start_load(load)
+        for req_id in meta.cancel_loads:
+            incoming = self._in.get(req_id)
+            if incoming is not None:
+                incoming.cancel()
+        for step in meta.saves:
+            self._open(step)
+        for end in meta.ends:
+            self._end(end)
+        for req_id in meta.expired:
+            out = self._ended.get(req_id)
+            if out is not None:
+                out.cancel(f"lease of {self.config.lease_s:g} s passed")
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads complete before vLLM schedules the request (asynchronous loading)
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        if not self.has_connector_metadata() or self._layout is None:
+            return
+        meta = self._meta()
+        g = self._layout.group_of(layer_name)
+        if g is None or self._layout.groups[g].kind == "state":
+            return
+        for step in meta.saves:
+            out = self._out.get(step.req_id)
+            if out is not None:
+                self._send_ready(out, step.req_id, g, step.block_ids, step.computed, step.n_tokens)
+
+    def wait_for_save(self) -> None:
+        return  # sends are queued in save_kv_layer; the network runs on the connector's loop
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        results = self.get_transfer_results(finished_req_ids)
+        return results.finished_sending, results.finished_recving
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        results = KVConnectorTransferResults()
+        for req_id, out in list(self._ended.items()):
+            if out.done.is_set():
+                del self._ended[req_id]
+                results.finished_sending.add(req_id)
+        for req_id, incoming in list(self._in.items()):
+            if incoming.done.is_set():
+                del self._in[req_id]
+                results.finished_recving.add(req_id)
+                if incoming.error is not None:
+                    results.failed_recving.add(req_id)
+        return results
+
+    def get_kv_connector_stats(self) -> Any:
+        if self._runtime is None:
+            return None
+        stats = self._runtime.take_stats()
+        return None if stats is None else connector_stats.PdbridgeStats(data=stats.as_dict())
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> Any:
+        return (
+            connector_stats.PdbridgeStats(data=data)
+            if data is not None
+            else connector_stats.PdbridgeStats()
+        )
+
+    @classmethod
+    def build_prom_metrics(
+        cls, vllm_config: Any, metric_types: Any, labelnames: Any, per_engine_labelvalues: Any
+    ) -> Any:
+        return connector_stats.PdbridgePromMetrics(
+            vllm_config, metric_types, labelnames, per_engine_labelvalues
+        )
+
+    def shutdown(self) -> None:
+        if self._runtime is not None:
+            self._runtime.close()
+            self._runtime = None
+
+    # ------------------------------------------------------------------ worker helpers
+
+    def _open(self, step: SaveStep) -> None:
+        if step.req_id in self._out or self._runtime is None or self._layout is None:
+            return
+        if self._fingerprint is None:
+            return
+        try:
+            header = kv.TransferHeader(
+                transfer_id=step.transfer_id,
+                fingerprint=self._fingerprint,
+                request_id=step.request_id,
+                layers=self._layout.manifest(step.n_tokens),
+                attrs={LAYOUT_ATTR: self._layout.to_attr(step.n_tokens)},
+            )
+        except ValueError as exc:
+            log.warning("pdbridge_kv_params_invalid request_id=%s: %s", step.req_id, exc)
+            return
+        log.debug(
+            "pdbridge_kv_open req=%s n=%d computed=%d", step.req_id, step.n_tokens, step.computed
+        )
+        self._out[step.req_id] = Outgoing(self._runtime, step.destination, header)
+        self._tokens[step.req_id] = step.n_tokens
+        for pages in (p for g in self._layout.groups for p in g.layers):
+            self._next[(step.req_id, pages.name)] = -1
+
+    def _send_ready(
+        self, out: Outgoing, req_id: str, g: int, block_ids: BlockIds, computed: int, n_tokens: int
+    ) -> None:
+        """Queue the pages of group ``g``'s positions that are computed and not yet sent."""
+        if self._layout is None:
+            return
+        group = self._layout.groups[g]
+        positions = group.positions(n_tokens)
+        ready = min(group.ready_until(computed, n_tokens), positions.stop)
+        for pages in group.layers:
+            key = (req_id, pages.name)
+            start = max(self._next.get(key, -1), positions.start)
+            if start >= ready:
+                continue
+            ids = block_ids[g][start:ready]
+            if len(ids) != ready - start or NULL_BLOCK in ids:
+                out.cancel(f"blocks {start}..{ready} of {pages.name} are not held")
+                return
+            tensor = self._caches[pages.layer][pages.tensor]
+            out.send(pages.name, _page_bytes(tensor, ids), final=ready == positions.stop)
+            self._next[key] = ready
+
+    def _end(self, end: SaveEnd) -> None:
+        out = self._out.pop(end.req_id, None)
+        log.debug(
+            "pdbridge_kv_end req=%s ok=%s out=%s blocks=%s",
+            end.req_id,
+            end.ok,
+            out is not None,
+            end.block_ids,
+        )
+        keys = [k for k in self._next if k[0] == end.req_id]
+        if out is None or self._layout is None:
+            for k in keys:
+                del self._next[k]
+            return
+        if not end.ok:
+            out.cancel("the request was aborted")
+        else:
+            for g, group in enumerate(self._layout.groups):
+                if group.kind != "state":
+                    n_tokens = self._tokens[end.req_id]
+                    self._send_ready(out, end.req_id, g, end.block_ids, n_tokens, n_tokens)
+                    continue
+                slot = end.block_ids[g][-1:] if g < len(end.block_ids) else []
+                if not slot or slot[0] == NULL_BLOCK:
+                    out.cancel(f"no state slot for group {g}")
+                    break
+                for pages in group.layers:
+                    tensor = self._caches[pages.layer][pages.tensor]
+                    out.send(pages.name, _page_bytes(tensor, slot), final=True)
+            out.finish()
+        for k in keys:
+            del self._next[k]
+        self._tokens.pop(end.req_id, None)
+        self._ended[end.req_id] = out
+
+    def _start_load(self, load: LoadStart) -> None:
+        if self._runtime is None or self._layout is None or self._fingerprint is None:
+            return
+        layout = self._layout
+        targets: dict[str, list[int | None]] = {}
+        skip_until: dict[str, int] = {}
+        for g, group in enumerate(layout.groups):
+            ids = load.block_ids[g] if g < len(load.block_ids) else []
+            positions = group.positions(load.n_tokens)
+            if group.kind == "state":
+                slot = clip_ssm_state_blocks(list(ids), self._spec_blocks[g])
+                blocks: list[int | None] = [slot[0] if slot and slot[0] != NULL_BLOCK else None]
+            else:
+                # Positions this engine already holds (its own prefix cache) or keeps as null
+                # (outside a sliding window) are not written.
+                local = load.local_tokens // group.block_size
+                blocks = [
+                    ids[p] if p < len(ids) and p >= local and ids[p] != NULL_BLOCK else None
+                    for p in positions
+                ]
+            for pages in group.layers:
+                targets[pages.name] = blocks
+                skip_until[pages.name] = 0
+        pages_by_name = {p.name: p for g in layout.groups for p in g.layers}
+        pending: dict[str, bytearray] = {name: bytearray() for name in targets}
+        written: dict[str, int] = dict.fromkeys(targets, 0)
+
+        def check(header: kv.TransferHeader) -> str | None:
+            return layout.check_attr(header.attrs.get(LAYOUT_ATTR), load.n_tokens)
+
+        def write(segment: kv.Segment) -> None:
+            name = segment.layer
+            pages = pages_by_name[name]
+            buf = pending[name]
+            buf += segment.data
+            size = pages.page_bytes
+            whole = len(buf) // size
+            if not whole:
+                return
+            chunk = buf[: whole * size]  # a copy: the pages outlive this segment's buffer
+            del buf[: whole * size]
+            src = torch.frombuffer(chunk, dtype=torch.uint8)
+            tensor = self._caches[pages.layer][pages.tensor]
+            for k in range(whole):
+                index = written[name] + k
+                block = targets[name][index] if index < len(targets[name]) else None
+                if block is not None:
+                    dst = tensor[block]
+                    dst.copy_(src[k * size : (k + 1) * size].view(dst.dtype).view(dst.shape))
+            written[name] += whole
+
+        self._in[load.req_id] = Incoming(
+            self._runtime, load.transfer_id, load.deadline_s, self._fingerprint, check, write
+        )
+
+
+def _page_bytes(tensor: torch.Tensor, block_ids: list[int]) -> bytes:
+    """The pages of ``block_ids`` of one layer's cache, as contiguous bytes on the host (a
+    copy: vLLM may reuse the blocks once the transfer is done; on a GPU this is the one
+    device-to-host copy)."""
+    index = torch.tensor(block_ids, dtype=torch.long, device=tensor.device)
+    pages = tensor.index_select(0, index).contiguous()
+    return pages.cpu().view(torch.uint8).numpy().tobytes()

@@ -1,0 +1,340 @@
+"""The connector's network side, vLLM-free: one asyncio loop in a daemon thread of the vLLM
+worker process, holding grpc_kv's long-lived links (prefill role) and an embedded receiver
+(decode role).
+
+vLLM calls the connector from its model-runner thread in the middle of forward passes; nothing
+here may block it on the network. The forward thread hands bytes to :meth:`Outgoing.send`
+(queued, returns at once) and polls finished transfers; the loop does the I/O, so the link
+streams a layer while later layers compute. grpc.aio objects belong to the loop that made them,
+hence one loop for the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from grpc_kv import api as kv
+
+log = logging.getLogger("vllm.pdbridge")  # under vLLM's logger: its handler and format
+T = TypeVar("T")
+
+_FINISH = object()
+
+
+@dataclass
+class Stats:
+    """Counters since the last :meth:`Runtime.take_stats` (vLLM aggregates and exports them)."""
+
+    transfers: int = 0
+    transfers_failed: int = 0
+    bytes_raw: int = 0
+    bytes_wire: int = 0
+    transfer_seconds: list[float] = field(default_factory=list)
+    loads: int = 0
+    loads_failed: int = 0
+    load_wait_seconds: list[float] = field(default_factory=list)
+    failures: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "transfers": self.transfers,
+            "transfers_failed": self.transfers_failed,
+            "bytes_raw": self.bytes_raw,
+            "bytes_wire": self.bytes_wire,
+            "transfer_seconds": list(self.transfer_seconds),
+            "loads": self.loads,
+            "loads_failed": self.loads_failed,
+            "load_wait_seconds": list(self.load_wait_seconds),
+            "failures": dict(self.failures),
+        }
+
+
+def failure_cause(exc: BaseException) -> str:
+    """A short, stable cause for logs, metrics and ``kv_transfer_params``."""
+    if isinstance(exc, kv.PeerRefused):
+        return "kv_peer_refused"
+    if isinstance(exc, kv.FingerprintMismatch):
+        return "kv_fingerprint_mismatch"
+    if isinstance(exc, (kv.TransferTimeout, TimeoutError)):
+        return "kv_timeout"
+    if isinstance(exc, LayoutRefused):
+        return "kv_import_refused"
+    if isinstance(exc, kv.TransferRefused):
+        return "kv_refused"
+    return "kv_transfer_error"
+
+
+class LayoutRefused(Exception):
+    """The header's layout is not this engine's: refused before any block is written."""
+
+
+class Runtime:
+    """The loop thread, the link pool and (decode role) the receiver."""
+
+    def __init__(self, options: kv.LinkOptions, tls: kv.TLSConfig) -> None:
+        self.options = options
+        self.tls = tls
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="pdbridge-kv", daemon=True)
+        self._thread.start()
+        self.pool: kv.LinkPool = self.call(self._make_pool())
+        self.receiver: kv.ReceiverServer | None = None
+        self._lock = threading.Lock()
+        self._stats = Stats()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    async def _make_pool(self) -> kv.LinkPool:
+        return kv.LinkPool(self.options, self.tls)
+
+    def call(self, coro: Any, timeout: float | None = 30.0) -> Any:
+        """Run ``coro`` on the loop and wait for it (start-up and shut-down only)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def spawn(self, coro: Any) -> Future[Any]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def listen(self, bind: str, options: kv.ReceiverOptions) -> int:
+        async def start() -> int:
+            server = kv.ReceiverServer(bind, options, self.tls, metrics=kv.SENDER_METRICS)
+            port = await server.start()
+            self.receiver = server
+            return port
+
+        port: int = self.call(start())
+        return port
+
+    def record(self, update: Callable[[Stats], None]) -> None:
+        with self._lock:
+            update(self._stats)
+
+    def take_stats(self) -> Stats | None:
+        with self._lock:
+            stats, self._stats = self._stats, Stats()
+        empty = not (stats.transfers or stats.transfers_failed or stats.loads or stats.loads_failed)
+        return None if empty else stats
+
+    def close(self) -> None:
+        async def stop() -> None:
+            await self.pool.close()
+            if self.receiver is not None:
+                await self.receiver.stop(1.0)
+
+        try:
+            self.call(stop(), timeout=10.0)
+        except Exception as exc:  # shutting down: log, never raise into vLLM's teardown
+            log.warning("pdbridge_kv_close_failed: %r", exc)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5.0)
+
+
+class Outgoing:
+    """One request's transfer to a decode site: bytes queued from the forward thread, sent on
+    the loop in order, finished or cancelled once. ``done`` is set when it ended either way;
+    ``error`` (a cause, see :func:`failure_cause`) and ``detail`` say why it failed."""
+
+    def __init__(self, runtime: Runtime, destination: str, header: kv.TransferHeader) -> None:
+        self.runtime = runtime
+        self.destination = destination
+        self.header = header
+        self.done = threading.Event()
+        self.summary: kv.TransferSummary | None = None
+        self.error: str | None = None
+        self.detail = ""
+        self.queued_bytes = 0
+        self._t0 = time.monotonic()
+        self._queue: asyncio.Queue[Any] = runtime.call(_make_queue())
+        self._ended = False
+        runtime.spawn(self._run())
+
+    def send(self, name: str, data: bytes, final: bool) -> None:
+        if self._ended or self.done.is_set():
+            return  # failed already: nothing more to send, the result is on record
+        self.queued_bytes += len(data)
+        self.runtime.loop.call_soon_threadsafe(self._queue.put_nowait, (name, data, final))
+
+    def finish(self) -> None:
+        if not self._ended:
+            self._ended = True
+            self.runtime.loop.call_soon_threadsafe(self._queue.put_nowait, _FINISH)
+
+    def cancel(self, reason: str) -> None:
+        if not self._ended:
+            self._ended = True
+            self.runtime.loop.call_soon_threadsafe(self._queue.put_nowait, reason)
+
+    async def _run(self) -> None:
+        pool = self.runtime.pool
+        link = pool.acquire(self.destination)
+        failed = True
+        try:
+            async with kv.open_transfer(
+                self.destination, self.header, self.runtime.options, link=link
+            ) as tx:
+                while True:
+                    item = await self._queue.get()
+                    if item is _FINISH:
+                        self.summary = await tx.finish()
+                        break
+                    if isinstance(item, str):
+                        raise kv.TransferError(f"cancelled: {item}")
+                    name, data, final = item
+                    await tx.send_layer(name, data, final=final)
+            failed = False
+        except Exception as exc:
+            self.error = failure_cause(exc)
+            self.detail = f"{type(exc).__name__}: {exc}"
+        finally:
+            await pool.release(link, failed=failed)
+            self._record()
+            self.done.set()
+
+    def _record(self) -> None:
+        seconds = time.monotonic() - self._t0
+        summary, error = self.summary, self.error
+
+        def update(stats: Stats) -> None:
+            if error is None and summary is not None:
+                stats.transfers += 1
+                stats.bytes_raw += summary.bytes_raw
+                stats.bytes_wire += summary.bytes_wire
+                stats.transfer_seconds.append(seconds)
+            else:
+                stats.transfers_failed += 1
+                cause = error or "kv_transfer_error"
+                stats.failures[cause] = stats.failures.get(cause, 0) + 1
+
+        self.runtime.record(update)
+        if error is None and summary is not None:
+            log.info(
+                "pdbridge_kv_sent transfer_id=%s request_id=%s bytes_raw=%d bytes_wire=%d "
+                "seconds=%.3f retransmits=%d resumes=%d",
+                self.header.transfer_id,
+                self.header.request_id,
+                summary.bytes_raw,
+                summary.bytes_wire,
+                seconds,
+                summary.retransmits,
+                summary.resumes,
+            )
+        else:
+            log.warning(
+                "pdbridge_kv_send_failed transfer_id=%s request_id=%s destination=%s cause=%s %s",
+                self.header.transfer_id,
+                self.header.request_id,
+                self.destination,
+                error,
+                self.detail,
+            )
+
+
+class Incoming:
+    """One request's load on the decode side: waits for the transfer (fingerprint checked by
+    the receiver at Begin), lets ``check`` refuse its header before any byte is written, hands
+    every verified segment to ``write`` (on the loop thread), all within ``deadline_s``."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        transfer_id: str,
+        deadline_s: float,
+        fingerprint: kv.Fingerprint,
+        check: Callable[[kv.TransferHeader], str | None],
+        write: Callable[[kv.Segment], None],
+    ) -> None:
+        self.runtime = runtime
+        self.transfer_id = transfer_id
+        self.deadline_s = deadline_s
+        self.done = threading.Event()
+        self.error: str | None = None
+        self.detail = ""
+        self.bytes = 0
+        self._fingerprint = fingerprint
+        self._check = check
+        self._write = write
+        self._t0 = time.monotonic()
+        self._future = runtime.spawn(self._run())
+        self._task: asyncio.Task[None] | None = None
+
+    def cancel(self) -> None:
+        """End the load now (its request was aborted); it is reported failed."""
+
+        def cancel() -> None:
+            if self._task is not None:
+                self._task.cancel()
+
+        self.runtime.loop.call_soon_threadsafe(cancel)
+
+    async def _run(self) -> None:
+        self._task = asyncio.ensure_future(asyncio.wait_for(self._load(), self.deadline_s))
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            self.error = "kv_cancelled"
+            self.detail = "the request was aborted"
+        except Exception as exc:
+            self.error = failure_cause(exc)
+            self.detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        finally:
+            self._record()
+            self.done.set()
+
+    async def _load(self) -> None:
+        receiver = self.runtime.receiver
+        if receiver is None:
+            raise kv.TransferRefused("this engine has no KV receiver (kv_role kv_consumer)")
+        reader = await receiver.open(
+            self.transfer_id, self.deadline_s, expect_fingerprint=self._fingerprint
+        )
+        async with reader:
+            header = reader.header
+            if header is None:
+                raise LayoutRefused("header: missing")
+            reason = self._check(header)
+            if reason is not None:
+                raise LayoutRefused(reason)
+            async for segment in reader:
+                self._write(segment)
+                self.bytes += len(segment.data)
+
+    def _record(self) -> None:
+        seconds = time.monotonic() - self._t0
+        error = self.error
+
+        def update(stats: Stats) -> None:
+            stats.load_wait_seconds.append(seconds)
+            if error is None:
+                stats.loads += 1
+            else:
+                stats.loads_failed += 1
+                stats.failures[error] = stats.failures.get(error, 0) + 1
+
+        self.runtime.record(update)
+        if error is None:
+            log.info(
+                "pdbridge_kv_loaded transfer_id=%s bytes=%d seconds=%.3f",
+                self.transfer_id,
+                self.bytes,
+                seconds,
+            )
+        else:
+            log.warning(
+                "pdbridge_kv_load_failed transfer_id=%s cause=%s seconds=%.3f %s",
+                self.transfer_id,
+                error,
+                seconds,
+                self.detail,
+            )
+
+
+async def _make_queue() -> asyncio.Queue[Any]:
+    return asyncio.Queue()
