@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agents.gateway.access import ClientKeys, admit
 from agents.gateway.admission import Admission
@@ -32,22 +31,26 @@ from agents.gateway.budget import FallbackBudget
 from agents.gateway.causes import kv_cause, prefill_cause
 from agents.gateway.config import DeploymentConfig, GatewaySettings, Instance
 from agents.gateway.decision import Decision
+from agents.gateway.endpoints import Endpoints
 from agents.gateway.length import capped, context_error, needs_count
 from agents.gateway.logs import request_id_var
 from agents.gateway.metrics import GatewayMetrics
-from agents.gateway.openai import Kind, ParsedRequest, RequestError, error_body, parse_request
-from agents.gateway.prefix import PrefixIndex
-from agents.gateway.proxy import (
-    AiohttpClient,
-    Client,
-    LegError,
-    LegResponse,
-    Upstream,
-    first_chunk,
-    leg_body,
-    relay,
+from agents.gateway.openai import Kind, ParsedRequest, RequestError, error_body, parse_body
+from agents.gateway.outcomes import (
+    Fallback,
+    Rejected,
+    instance_fault,
+    json_or_none,
+    json_response,
+    leg_error_response,
+    overloaded_response,
+    rejects_request,
+    retryable,
 )
+from agents.gateway.prefix import PrefixIndex
+from agents.gateway.proxy import AiohttpClient, Client, leg_body, relay
 from agents.gateway.state import Router
+from agents.gateway.upstream import LegError, LegResponse, Upstream, first_chunk
 from pdproto.kv import KV_PEER_REFUSED, PULL_PREFILL_KV, pulled_kv_params, push_kv_params
 
 log = logging.getLogger("pdbridge.gateway")
@@ -55,62 +58,6 @@ log = logging.getLogger("pdbridge.gateway")
 GATEWAY_KEY = web.AppKey("gateway", object)
 
 ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
-
-
-class Fallback(Exception):
-    """The remote path failed before the first byte; ``cause`` labels the fallback;
-    ``exclude``: decode instances the fallback must not use (the remote decode leg failed
-    there)."""
-
-    def __init__(self, cause: str, exclude: frozenset[str] = frozenset()) -> None:
-        super().__init__(cause)
-        self.cause = cause
-        self.exclude = exclude
-
-
-class Rejected(Exception):
-    """An engine refused the request itself (a 4xx other than 408/429): relayed as is."""
-
-    def __init__(self, error: LegError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-def _rejects_request(error: LegError) -> bool:
-    # 401/403: the engine refused the gateway's engine key, not the client's request.
-    return error.status is not None and 400 <= error.status < 500 and error.status not in (
-        401, 403, 408, 429,
-    )  # fmt: skip
-
-
-def _instance_fault(error: BaseException) -> bool:
-    """Whether a failed leg counts against its instance's health: it could not connect,
-    timed out, broke before output or answered 5xx -- unless the 5xx is a KV verdict (the
-    transfer's fault, not the engine's)."""
-    if not isinstance(error, LegError):
-        return False
-    if error.cause in ("connect", "timeout", "stream_error"):
-        return True
-    return error.status is not None and error.status >= 500 and kv_cause(error) is None
-
-
-def _retryable(error: LegError) -> bool:
-    """Whether a decode leg that failed before output may be sent to another instance: not
-    a timeout (the request's whole time is spent) and not the engine's verdict on the
-    request (4xx) or on its KV."""
-    return error.cause != "timeout" and _instance_fault(error)
-
-
-def _leg_error_response(error: LegError, path: str, request_id: str) -> web.Response:
-    """The client's answer to a leg that failed before output: the engine's own 4xx body, or
-    an OpenAI-style 502."""
-    headers = {"x-request-id": request_id, "x-pdbridge-path": path}
-    if _rejects_request(error):
-        assert error.status is not None  # noqa: S101 - implied by _rejects_request
-        doc = error.detail.encode() or error_body("rejected by the engine", "invalid_request_error")
-        return _json(error.status, doc, headers)
-    message = f"the decode engine failed: {error.cause} {error.status or ''}".strip()
-    return _json(502, error_body(message, "upstream_error", None, "upstream_error"), headers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,19 +75,7 @@ class _Call:
     decision: Decision
 
 
-def _json_or_none(body: bytes) -> Any:
-    """A JSON body decoded, or None when it is not JSON."""
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None
-
-
-def _json(status: int, body: bytes, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=body, content_type="application/json", headers=headers)
-
-
-class Gateway:
+class Gateway(Endpoints):
     """Request handling. One instance per process; holds the router, budget, metrics, client."""
 
     def __init__(
@@ -187,75 +122,6 @@ class Gateway:
         self.metrics.threshold.set(self.router.tuner.effective(config.threshold_tokens))
 
     # -- plain endpoints -----------------------------------------------------------------
-    async def health(self, request: web.Request) -> web.Response:
-        """``ok``; ``degraded`` (200) when an instance is out or a prefill pool has none
-        available (requests are served locally); ``unhealthy`` (503) when the decode pool
-        has none available, or without a config."""
-        config = self.router.config
-        if config is None:
-            return web.json_response({"status": "no_config"}, status=503)
-        pools = [
-            {k: v for k, v in p.snapshot().items() if k != "instances"}
-            for p in self.router.pools.values()
-        ]
-        status = "ok"
-        if any(p["healthy"] < p["total"] for p in pools):
-            status = "degraded"
-        if any(p["role"] == "decode" and p["healthy"] == 0 for p in pools):
-            status = "unhealthy"
-        doc = {"status": status, "config_version": config.version, "pools": pools}
-        return web.json_response(doc, status=503 if status == "unhealthy" else 200)
-
-    async def models(self, request: web.Request) -> web.Response:
-        refused = admit(self.keys, self.metrics, request.headers)
-        if refused is not None:
-            return refused
-        config = self.router.config
-        data = [] if config is None else [
-            {"id": config.model_name, "object": "model", "created": 0, "owned_by": "pdbridge"}
-        ]  # fmt: skip
-        return web.json_response({"object": "list", "data": data})
-
-    async def prometheus(self, request: web.Request) -> web.Response:
-        self.refresh_gauges()
-        return web.Response(
-            body=generate_latest(self.metrics.registry),
-            headers={"Content-Type": CONTENT_TYPE_LATEST},
-        )
-
-    async def debug_routing(self, request: web.Request) -> web.Response:
-        doc = self.router.debug()
-        doc["fallback_budget"] = {
-            "tokens": round(self.budget.bucket.tokens, 3),
-            "rate_per_s": self.budget.bucket.rate,
-            "burst": self.budget.bucket.burst,
-            "waiting": self.budget.waiting,
-        }
-        return web.json_response(doc)
-
-    def refresh_gauges(self) -> None:
-        """Breaker and site gauges (computed on scrape, not per request)."""
-        router, m = self.router, self.metrics
-        m.admission_in_flight.set(self.admission.in_flight)
-        m.admission_queued.set(self.admission.queued)
-        config = router.config
-        if config is None:
-            return
-        m.threshold.set(router.tuner.effective(config.threshold_tokens))
-        for scope, breakers in (
-            ("site", router.site_breakers),
-            ("instance", router.instance_breakers),
-        ):
-            for name, breaker in breakers.items():
-                m.breaker_state.labels(scope, name).set(
-                    {"closed": 0, "half_open": 1, "open": 2}[breaker.state]
-                )
-                m.breaker_ejections.labels(scope, name).set(breaker.total_ejections)
-        for view in router.site_views(config):
-            m.site_queue.labels(view.name).set(view.queue_depth)
-            m.site_utilization.labels(view.name).set(view.utilization)
-        m.pools(router.pools.values(), router.instance_inflight)
-
     # -- completions ---------------------------------------------------------------------
     def handler(self, kind: Kind) -> Any:
         async def handle(request: web.Request) -> web.StreamResponse:
@@ -305,7 +171,7 @@ class Gateway:
             return refused
         config = self.router.config
         if config is None:
-            return _json(
+            return json_response(
                 503,
                 error_body("the gateway has no configuration yet", "service_unavailable"),
                 base_headers,
@@ -319,22 +185,14 @@ class Gateway:
             self.admission.release()
 
     def _overloaded(self, reason: str, headers: dict[str, str]) -> web.Response:
-        """The 429 of admission control (OpenAI's rate-limit error shape)."""
+        """The 429 of admission control, counted and logged."""
         self.metrics.admission_rejections.labels(reason).inc()
         a = self.admission
         log.warning(
             "gateway.admission_refused",
             extra={"reason": reason, "in_flight": a.in_flight, "queued": a.queued},
         )
-        doc = error_body(
-            f"the gateway is serving its limit of {a.max_in_flight} requests with "
-            f"{a.queued} waiting ({reason}); retry later",
-            "requests",
-            None,
-            "rate_limit_exceeded",
-        )
-        retry_after = str(max(self.settings.admission_retry_after_s, 1))
-        return _json(429, doc, {**headers, "retry-after": retry_after})
+        return overloaded_response(a, reason, self.settings.admission_retry_after_s, headers)
 
     async def _admitted(
         self,
@@ -350,10 +208,10 @@ class Gateway:
         base_headers = {"x-request-id": request_id}
         try:
             raw = await read()
-            body, parsed = self._parse(raw, kind, config)
+            body, parsed = parse_body(raw, kind, config.model_name)
         except RequestError as error:
             self.metrics.request("local", "client_error")
-            return _json(error.status, error.body(), base_headers)
+            return json_response(error.status, error.body(), base_headers)
         key = headers.get(self.settings.sticky_key_header) or parsed.user or request_id
         prompt_tokens, exact = await self._prompt_tokens(parsed, config, request_id)
         # Only an exact count is refused (see agents.gateway.length).
@@ -362,7 +220,7 @@ class Gateway:
         )
         if too_long:
             self.metrics.request("local", "client_error")
-            return _json(400, too_long.body(), base_headers)
+            return json_response(400, too_long.body(), base_headers)
         decision = self.router.decide(config, key, prompt_tokens, self._cached_tokens(parsed))
         self.metrics.decision(decision.path, decision.reason)
         call = _Call(client, kind, arrived, request_id, raw, body, parsed, config, decision)
@@ -377,17 +235,6 @@ class Gateway:
         else:
             return await self._serve(call, "local")
         return await self._fallback(call, cause, exclude)
-
-    def _parse(
-        self, raw: bytes, kind: Kind, config: DeploymentConfig
-    ) -> tuple[dict[str, Any], ParsedRequest]:
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as error:
-            raise RequestError(
-                400, f"the request body is not valid JSON: {error}", None, "invalid_json"
-            ) from error
-        return body, parse_request(kind, body, config.model_name)
 
     def _cached_tokens(self, parsed: ParsedRequest) -> int:
         """Estimated tokens of the prompt already cached at the decode pool (0 when the
@@ -469,18 +316,18 @@ class Gateway:
                             "gateway.local_leg_failed",
                             extra={"url": decode.url, "cause": error.cause, "status": error.status},
                         )
-                        if not _instance_fault(error):
+                        if not instance_fault(error):
                             self.router.leg_ok("decode", pool, decode.url)
-                            if _rejects_request(error):
+                            if rejects_request(error):
                                 outcome = "client_error"
-                            return _leg_error_response(error, path, request_id)
+                            return leg_error_response(error, path, request_id)
                         self.router.leg_failed("decode", pool, decode.url, error.cause)
                         tried.add(decode.url)
                         again = None
-                        if retries > 0 and _retryable(error):
+                        if retries > 0 and retryable(error):
                             again = self.router.pick_decode(config, frozenset(tried))
                         if again is None:
-                            return _leg_error_response(error, path, request_id)
+                            return leg_error_response(error, path, request_id)
                         retries -= 1
                         self.metrics.retry("decode", error.cause)
                         log.info(
@@ -499,7 +346,7 @@ class Gateway:
             return call.client.response
         except Rejected as rejected:
             outcome = "client_error"
-            return _leg_error_response(rejected.error, path, request_id)
+            return leg_error_response(rejected.error, path, request_id)
         except Fallback:
             outcome = ""
             raise
@@ -563,7 +410,7 @@ class Gateway:
         prefill_s: float | None = None
         verdict: bool | None = None
         success = False
-        instance_fault = False
+        at_instance = False
         try:
             done, _ = await asyncio.wait(
                 {t for t in (prefill_task, decode_task) if t is not None},
@@ -572,15 +419,15 @@ class Gateway:
             if prefill_task in done:
                 prefill_s = time.monotonic() - started
                 prefill_error = prefill_task.exception()
-                if isinstance(prefill_error, LegError) and _rejects_request(prefill_error):
+                if isinstance(prefill_error, LegError) and rejects_request(prefill_error):
                     # The engine refused the request itself (too long, bad parameter): the
                     # client's error, not the site's; local would refuse it too.
                     raise Rejected(prefill_error)
                 if prefill_error is not None:
                     verdict = False
                     cause = prefill_cause(prefill_error)
-                    instance_fault = _instance_fault(prefill_error) and cause != KV_PEER_REFUSED
-                    if instance_fault:
+                    at_instance = instance_fault(prefill_error) and cause != KV_PEER_REFUSED
+                    if at_instance:
                         assert isinstance(prefill_error, LegError)  # noqa: S101 - implied
                         self.router.leg_failed("prefill", site, prefill.url, prefill_error.cause)
                     log.warning(
@@ -595,7 +442,7 @@ class Gateway:
                     raise Fallback(cause)
                 self.router.leg_ok("prefill", site, prefill.url)
             if decode_task is None:
-                pulled = pulled_kv_params(_json_or_none(prefill_task.result()))
+                pulled = pulled_kv_params(json_or_none(prefill_task.result()))
                 if pulled is None:
                     verdict = False
                     log.warning(
@@ -620,7 +467,7 @@ class Gateway:
                     log.warning("gateway.kv_timeout", extra={"site": site, "wait_s": wait_s})
                     raise Fallback("kv_timeout")
             decode_error = decode_task.exception()
-            if isinstance(decode_error, LegError) and _rejects_request(decode_error):
+            if isinstance(decode_error, LegError) and rejects_request(decode_error):
                 verdict = True if prefill_s is not None else None
                 raise Rejected(decode_error)
             if decode_error is not None:
@@ -631,7 +478,7 @@ class Gateway:
                     extra={"url": decode.url, "error": str(decode_error)[:500]},
                 )
                 exclude: frozenset[str] = frozenset()
-                if _instance_fault(decode_error):
+                if instance_fault(decode_error):
                     assert isinstance(decode_error, LegError)  # noqa: S101 - implied
                     self.router.leg_failed(
                         "decode", config.decode.name, decode.url, decode_error.cause
@@ -665,7 +512,7 @@ class Gateway:
                 prefill_task.cancel()
             latency = prefill_s if prefill_s is not None else time.monotonic() - started
             self.router.record_prefill(
-                site, prefill, verdict, latency, "remote_leg", instance_fault=instance_fault
+                site, prefill, verdict, latency, "remote_leg", instance_fault=at_instance
             )
 
     async def _open_decode(
@@ -687,7 +534,7 @@ class Gateway:
                 None,
                 cause,
             )
-            return _json(503, doc, headers)
+            return json_response(503, doc, headers)
         if not await self.budget.acquire():
             self.metrics.budget_rejections.inc()
             self.metrics.request("fallback", "rejected")
@@ -702,7 +549,7 @@ class Gateway:
                 None,
                 "fallback_budget_exhausted",
             )
-            return _json(503, doc, {**headers, "retry-after": str(retry_after)})
+            return json_response(503, doc, {**headers, "retry-after": str(retry_after)})
         self.metrics.fallback(cause)
         log.info("gateway.fallback", extra={"cause": cause, "site": call.decision.site})
         return await self._serve(call, "fallback", exclude)
@@ -715,13 +562,13 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return await handler(request)
     except web.HTTPException as error:
         if error.status >= 400:
-            return _json(error.status, error_body(error.reason, "invalid_request_error"))
+            return json_response(error.status, error_body(error.reason, "invalid_request_error"))
         raise
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
         log.exception("gateway.unhandled_error", extra={"path": request.path})
-        return _json(500, error_body("internal gateway error", "server_error"))
+        return json_response(500, error_body("internal gateway error", "server_error"))
 
 
 def build_app(gateway: Gateway) -> web.Application:

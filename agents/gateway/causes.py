@@ -1,6 +1,6 @@
 """Fallback causes read off a failed leg: what the engine's error says went wrong.
 
-Pure functions of a :class:`agents.gateway.proxy.LegError` (its cause and its body), called
+Pure functions of a :class:`agents.gateway.upstream.LegError` (its cause and its body), called
 by the serving path of :mod:`agents.gateway.app` once per failed leg.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agents.gateway.proxy import LegError
+from agents.gateway.upstream import LegError
 from pdproto.kv import KV_IMPORT_REFUSED, KV_PEER_REFUSED
 
 

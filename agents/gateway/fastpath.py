@@ -12,7 +12,7 @@ and the socket go to an aiohttp request handler, which answers from there on (er
 ``/metrics``, ``/health``...). So the fast path only ever serves requests whose handling it
 shares with aiohttp, and everything it does not know stays aiohttp's.
 
-Why: with the upstream leg already lean (:mod:`agents.gateway.proxy`), aiohttp's server
+Why: with the upstream leg already lean (:mod:`agents.gateway.upstream`), aiohttp's server
 side (request and response objects, routing, middleware, its writer) was half of the
 gateway's CPU per relayed stream. Here a request is its head parsed by ``httptools`` and a
 task; the response head and the first chunk leave in one write, the rest is piped.
@@ -39,7 +39,8 @@ import httptools
 from aiohttp import web
 
 from agents.gateway.openai import Kind, error_body
-from agents.gateway.proxy import LAST_CHUNK, http_chunk
+from agents.gateway.proxy import ResponseHead
+from agents.gateway.upstream import LAST_CHUNK, http_chunk
 
 if TYPE_CHECKING:
     from agents.gateway.app import Gateway
@@ -110,29 +111,21 @@ class _FastClient:
     def transport(self) -> asyncio.WriteTransport | None:
         return self.conn.transport
 
-    async def begin(
-        self,
-        status: int,
-        headers: dict[str, str],
-        content_type: str,
-        length: int | None,
-        first: bytes,
-        eof: bool,
-    ) -> bool:
+    async def begin(self, head: ResponseHead, first: bytes, eof: bool) -> bool:
         transport = self.conn.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client went away")
-        headers = {**headers, "Content-Type": content_type}
-        if length is None:
+        headers = {**head.headers, "Content-Type": head.content_type}
+        if head.length is None:
             self.chunked = True
             framing = b"Transfer-Encoding: chunked\r\n\r\n"
             body = http_chunk(first) + (LAST_CHUNK if eof else b"")
         else:
-            framing = b"Content-Length: %d\r\n\r\n" % length
+            framing = b"Content-Length: %d\r\n\r\n" % head.length
             body = first
         self.started = True
         self.ended = eof
-        transport.write(_head(status, headers, framing) + body)
+        transport.write(_head(head.status, headers, framing) + body)
         return self.chunked
 
     async def end(self, data: bytes) -> None:

@@ -173,17 +173,7 @@ class PoolHealth:
             # Ejecting it would leave the pool with too few (or none) to serve: keep it,
             # its next failures are still retried elsewhere where possible.
             inst.consecutive_failures = 0
-            log.warning(
-                "gateway.ejection_skipped",
-                extra={
-                    "role": self.role,
-                    "site": self.site,
-                    "url": inst.url,
-                    "cause": cause,
-                    "unavailable": unavailable,
-                    "total": total,
-                },
-            )
+            self._log("gateway.ejection_skipped", inst.url, cause=cause, unavailable=unavailable)
             return False
         if inst.ejections and now - inst.in_service_since >= s.max_ejection_s:
             inst.ejections = 0
@@ -193,20 +183,21 @@ class PoolHealth:
         inst.ejected_until = now + duration
         inst.in_service_since = inst.ejected_until
         inst.consecutive_failures = 0
-        log.warning(
+        self._log(
             "gateway.instance_ejected",
-            extra={
-                "role": self.role,
-                "site": self.site,
-                "url": inst.url,
-                "cause": cause,
-                "ejection_s": duration,
-                "ejections": inst.ejections,
-            },
+            inst.url,
+            cause=cause,
+            ejection_s=duration,
+            ejections=inst.ejections,
         )
         if self.on_eject is not None:
             self.on_eject(self, inst, cause)
         return True
+
+    def _log(self, event: str, url: str, **fields: Any) -> None:
+        """A pool event, with the pool, the instance and the pool's size."""
+        extra = {"role": self.role, "site": self.site, "url": url, "total": len(self.instances)}
+        log.warning(event, extra={**extra, **fields})
 
     # -- probes --------------------------------------------------------------------------
     def probe(self, url: str, ok: bool) -> None:
@@ -224,20 +215,14 @@ class PoolHealth:
                 inst.ejected_until = 0.0
                 inst.consecutive_failures = 0
                 inst.in_service_since = self.clock()
-                log.warning(
-                    "gateway.instance_healthy",
-                    extra={"role": self.role, "site": self.site, "url": url},
-                )
+                self._log("gateway.instance_healthy", url)
             return
         inst.probe_successes = 0
         inst.probe_failures += 1
         if inst.healthy and inst.probe_failures >= s.unhealthy_threshold:
             inst.healthy = False
             inst.last_failure = "health_check"
-            log.warning(
-                "gateway.instance_unhealthy",
-                extra={"role": self.role, "site": self.site, "url": url},
-            )
+            self._log("gateway.instance_unhealthy", url)
 
 
 def pick(

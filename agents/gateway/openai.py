@@ -137,6 +137,18 @@ def _messages(value: Any) -> tuple[int, str]:
     return len(text), text
 
 
+def parse_body(raw: bytes, kind: Kind, model_name: str) -> tuple[Any, ParsedRequest]:
+    """Decode and validate a request body: (the JSON document, what routing needs). Raises
+    :class:`RequestError` (400 ``invalid_json`` for a body that is not JSON)."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise RequestError(
+            400, f"the request body is not valid JSON: {error}", None, "invalid_json"
+        ) from error
+    return body, parse_request(kind, body, model_name)
+
+
 def parse_request(kind: Kind, body: Any, model_name: str) -> ParsedRequest:
     """Validate a completions/chat body. Raises :class:`RequestError`."""
     if not isinstance(body, Mapping):

@@ -1,614 +1,26 @@
-"""Upstream legs and the pass-through relay.
+"""The pass-through relay: an opened upstream leg (:mod:`agents.gateway.upstream`) copied to
+the client.
 
-:class:`Upstream` is the gateway's HTTP/1.1 client to the engines: a lean asyncio protocol
-per connection, with the response parsed by ``httptools`` (llhttp, uvicorn's parser) and a
-keep-alive pool per engine. It replaced aiohttp's client session on the request path because
-that client's per-request and per-event machinery (request/response objects, the stream
-reader's future per wake-up, the chunked writer's coroutine per event) was most of the
-gateway's CPU per relayed stream; see docs/gateway.md, "The relay's hot path".
-
-The request handler opens legs with :meth:`Upstream.open` (returns once the response headers
-arrived) and :func:`first_chunk` (the first body bytes, i.e. the moment the engine produced
-output), then hands the response to :func:`relay`. The relay writes the first chunk through
-aiohttp's response (which sends the headers with it), then *pipes* the rest: each time the
-upstream connection delivers bytes, the body they carry goes to the client's transport at once,
-re-framed as one HTTP chunk (never held back, never buffered whole; the end of the body leaves
-with the stream's terminator in one write). Cancellation of the calling task (client
-disconnect) closes the upstream connection, which aborts the engine's work.
-
-Failures surface as :class:`LegError` (before output) with a ``cause`` the handler maps to
-fallback causes, or as :class:`UpstreamError` / ``TimeoutError`` from a leg's body.
+:func:`relay` writes the first chunk through the client (:class:`Client`: aiohttp's response,
+:class:`AiohttpClient`, or a connection of the gateway's own server,
+``agents.gateway.fastpath``), which sends the headers with it, then *pipes* the rest: each
+time the upstream connection delivers bytes, the body they carry goes to the client's
+transport at once, re-framed as one HTTP chunk (never held back, never buffered whole; the end
+of the body leaves with the stream's terminator in one write). A failure after the first byte
+is an SSE error event or an aborted connection, never a silent truncation.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import ssl
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
-import httptools
 from aiohttp import web
 
-# Hop-by-hop and framing headers are the gateway's own business, not the engine's.
-_HEADERS = b"Accept: */*\r\nAccept-Encoding: identity\r\nContent-Type: application/json\r\n"
-_SSE_ERROR_PREFIX = b'data: {"error"'
-#: Pull mode (before the relay pipes, and whole small bodies): the bytes a leg buffers before
-#: it stops reading from the engine's socket (TCP then holds the engine back).
-_PULL_LIMIT = 1 << 20
-#: Pipe mode: the client's pending output above which the engine's socket is not read (a slow
-#: client holds back its own stream only), and how often a paused pipe looks again.
-_PIPE_HIGH = 1 << 18
-_PIPE_CHECK_S = 0.005
-#: An idle kept-alive connection is closed after this long (engines' servers close theirs
-#: after 75 s (aiohttp) or 5 s (uvicorn); a connection reused just as the engine closes it is
-#: retried once, see :meth:`Upstream.open`).
-_IDLE_S = 15.0
-
-
-#: The end of a chunked HTTP/1.1 body.
-LAST_CHUNK = b"0\r\n\r\n"
-
-
-def http_chunk(data: bytes) -> bytes:
-    """``data`` framed as one chunk of a chunked HTTP/1.1 body; nothing for empty data (an
-    empty chunk would end the body)."""
-    return b"%x\r\n%b\r\n" % (len(data), data) if data else b""
-
-
-class LegError(Exception):
-    """An upstream leg failed before producing output. ``cause``: ``timeout``, ``connect``,
-    ``status`` (non-2xx; ``status`` and ``detail`` set) or ``stream_error``."""
-
-    def __init__(self, cause: str, status: int | None = None, detail: str = "") -> None:
-        super().__init__(f"{cause} {status or ''} {detail}".strip())
-        self.cause = cause
-        self.status = status
-        self.detail = detail
-
-
-class UpstreamError(Exception):
-    """The engine's connection ended or its response was malformed mid-exchange."""
-
-
-class _Disconnected(UpstreamError):
-    """The connection ended before any byte of the response (a kept-alive connection the
-    engine closed as it was reused: retried once on a fresh one)."""
-
-
-Key = tuple[str, int, bool]
-
-
-class _Conn(asyncio.Protocol):
-    """One connection to an engine. It carries one exchange at a time (``leg``) and waits in
-    the pool between exchanges."""
-
-    def __init__(self, pool: _Pool, key: Key) -> None:
-        self.pool = pool
-        self.key = key
-        self.transport: asyncio.Transport | None = None
-        self.leg: LegResponse | None = None
-        self.closed = False
-        self.reused = False
-        self.idle_at = 0.0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.pool.live.add(self)
-
-    def data_received(self, data: bytes) -> None:
-        leg = self.leg
-        if leg is None:
-            # Bytes outside an exchange: the connection's state is unknown, never reuse it.
-            self.abort()
-            return
-        leg.feed(data)
-
-    def eof_received(self) -> bool | None:
-        return None  # the engine closed its side: close ours too (connection_lost follows)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.pool.forget(self)
-        if self.leg is not None:
-            self.leg.lost()
-
-    def abort(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.abort()
-
-    def pause(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.pause_reading()
-
-    def resume(self) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.resume_reading()
-
-
-class _Pool:
-    """Kept-alive connections per (host, port, tls), most recently used first. No limit on
-    their number: the gateway must never queue requests behind its own client; back-pressure
-    belongs to the engines and the fallback budget."""
-
-    def __init__(self) -> None:
-        self.idle: dict[Key, list[_Conn]] = {}
-        self.live: set[_Conn] = set()
-        self._sweep: asyncio.TimerHandle | None = None
-
-    def take(self, key: Key) -> _Conn | None:
-        conns = self.idle.get(key)
-        while conns:
-            conn = conns.pop()
-            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
-                conn.reused = True
-                return conn
-        return None
-
-    def release(self, conn: _Conn) -> None:
-        conn.idle_at = time.monotonic()
-        self.idle.setdefault(conn.key, []).append(conn)
-        if self._sweep is None:
-            self._sweep = asyncio.get_running_loop().call_later(_IDLE_S, self._expire)
-
-    def forget(self, conn: _Conn) -> None:
-        self.live.discard(conn)
-        conns = self.idle.get(conn.key)
-        if conns and conn in conns:
-            conns.remove(conn)
-
-    def _expire(self) -> None:
-        self._sweep = None
-        cutoff = time.monotonic() - _IDLE_S
-        remaining = False
-        for conns in self.idle.values():
-            for conn in [c for c in conns if c.idle_at <= cutoff]:
-                conns.remove(conn)
-                conn.closed = True
-                if conn.transport is not None:
-                    conn.transport.close()
-            remaining = remaining or bool(conns)
-        if remaining:
-            self._sweep = asyncio.get_running_loop().call_later(_IDLE_S, self._expire)
-
-    def close(self) -> None:
-        if self._sweep is not None:
-            self._sweep.cancel()
-            self._sweep = None
-        self.idle.clear()
-        for conn in list(self.live):
-            conn.abort()
-        self.live.clear()
-
-
-class LegResponse:
-    """One exchange with an engine: ``status``, ``headers`` (names lower-case) and
-    ``content_length`` once :meth:`Upstream.open` returned it, then the body, read
-    (:meth:`readany`, :meth:`read`) or piped to the client (:meth:`pipe`). A read past the
-    leg's deadline raises ``TimeoutError``; a broken or malformed response
-    :class:`UpstreamError`. :meth:`close` returns the connection to the pool when the
-    exchange ended cleanly, else aborts it (which aborts the engine's work)."""
-
-    def __init__(self, conn: _Conn, loop: asyncio.AbstractEventLoop) -> None:
-        self._conn = conn
-        self._loop = loop
-        self._chunks: list[bytes] = []
-        # The body callback is the list's own append: httptools calls it once per HTTP chunk
-        # (once per SSE event), and a C method there costs no Python frame per event.
-        self.on_body: Callable[[bytes], None] = self._chunks.append
-        self._parser = httptools.HttpResponseParser(self)
-        self.status = 0
-        self.headers: dict[str, str] = {}
-        self.content_length: int | None = None
-        self.deadline: asyncio.TimerHandle | None = None
-        self._framed = False  # Content-Length or chunked; else the body ends with the connection
-        self._keep_alive = False
-        self._got_bytes = False
-        self._headers = False
-        self._complete = False
-        self._error: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._paused = False
-        self._closed = False
-        # Pipe mode (see pipe()).
-        self._pipe: asyncio.Future[None] | None = None
-        self._out: asyncio.WriteTransport | None = None
-        self._chunked_out = True
-        self._count = False
-        self._tail = b""
-        self._check: asyncio.TimerHandle | None = None
-        self.events = 0
-        self.last_at = 0.0
-
-    # -- httptools callbacks (during feed) -----------------------------------------------
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
-
-    def on_headers_complete(self) -> None:
-        parser = self._parser
-        self.status = parser.get_status_code()
-        self._keep_alive = parser.should_keep_alive()
-        length = self.headers.get("content-length")
-        if length is not None:
-            self.content_length = int(length)  # llhttp accepted it: digits only
-        chunked = "chunked" in self.headers.get("transfer-encoding", "").lower()
-        self._framed = length is not None or chunked
-        self._headers = True
-
-    def on_message_complete(self) -> None:
-        self._complete = True
-
-    # -- connection events ---------------------------------------------------------------
-    def feed(self, data: bytes) -> None:
-        self._got_bytes = True
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError as error:
-            self._fail(UpstreamError(f"malformed response from the engine: {error}"))
-            self._conn.abort()
-            return
-        if self._pipe is not None:
-            self._push()
-            return
-        if self._chunks or self._complete or self._headers:
-            self._wake()
-        if not self._paused and sum(map(len, self._chunks)) > _PULL_LIMIT:
-            self._paused = True
-            self._conn.pause()
-
-    def lost(self) -> None:
-        if self._complete or self._error is not None:
-            return
-        if self._headers and not self._framed:
-            # A body delimited by the connection's end (HTTP/1.0 style): that end is its end.
-            self._complete = True
-            self._keep_alive = False
-            if self._pipe is not None:
-                self._push()
-            else:
-                self._wake()
-            return
-        if self._got_bytes:
-            self._fail(UpstreamError("the engine closed the connection mid-response"))
-        else:
-            self._fail(_Disconnected("the engine closed the connection"))
-
-    def expire(self) -> None:
-        """The leg's deadline passed: the read in progress (or the next one) raises
-        ``TimeoutError``; the reader closes the response."""
-        self.deadline = None
-        if not self._complete:
-            self._fail(TimeoutError())
-
-    def _fail(self, error: BaseException) -> None:
-        if self._error is not None:
-            return
-        self._error = error
-        if self._pipe is not None:
-            self._finish_pipe()
-        else:
-            self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def _wait(self) -> None:
-        self._waiter = self._loop.create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
-
-    # -- reading -------------------------------------------------------------------------
-    async def headers_arrived(self) -> None:
-        while not self._headers:
-            if self._error is not None:
-                raise self._error
-            await self._wait()
-
-    async def readany(self) -> bytes:
-        """Everything buffered (waits for some); b"" at the end of the body. Bytes that
-        arrived before a failure are returned before it is raised."""
-        while True:
-            chunks = self._chunks
-            if chunks:
-                data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                chunks.clear()
-                if self._paused:
-                    self._paused = False
-                    self._conn.resume()
-                return data
-            if self._error is not None:
-                raise self._error
-            if self._complete:
-                return b""
-            await self._wait()
-
-    def at_eof(self) -> bool:
-        return self._complete and not self._chunks
-
-    async def read(self) -> bytes:
-        parts = []
-        while data := await self.readany():
-            parts.append(data)
-        return b"".join(parts)
-
-    # -- piping --------------------------------------------------------------------------
-    async def pipe(self, out: asyncio.WriteTransport, chunked: bool, count_events: bool) -> bytes:
-        """Write the rest of the body to ``out`` as it arrives: everything one read of the
-        engine's socket delivered goes out in one write, as one HTTP chunk when ``chunked``
-        (else as is). Returns the bytes that arrived together with the body's end, for the
-        caller to write with the stream's terminator. ``events`` counts SSE ``data:`` lines
-        piped, ``last_at`` when the last write left. While ``out`` holds more than
-        ``_PIPE_HIGH`` bytes unsent, the engine's socket is not read. Raises like
-        :meth:`readany`, and ``ConnectionResetError`` when the client went away."""
-        self._out = out
-        self._chunked_out = chunked
-        self._count = count_events
-        self._pipe = self._loop.create_future()
-        if self._paused:
-            self._paused = False
-            self._conn.resume()
-        self._push()
-        try:
-            await self._pipe
-        finally:
-            self._pipe = None
-            if self._check is not None:
-                self._check.cancel()
-                self._check = None
-        if self._error is not None:
-            raise self._error
-        return self._tail
-
-    def _push(self) -> None:
-        if self._complete or self._error is not None:
-            self._finish_pipe()
-            return
-        chunks = self._chunks
-        if not chunks:
-            return
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        chunks.clear()
-        out = self._out
-        assert out is not None  # noqa: S101 - set by pipe() before any _push
-        if out.is_closing():
-            self._fail(ConnectionResetError("the client went away"))
-            return
-        if self._count:
-            self.events += data.count(b"data:")
-        out.write(http_chunk(data) if self._chunked_out else data)
-        self.last_at = time.monotonic()
-        if not self._paused and out.get_write_buffer_size() > _PIPE_HIGH:
-            self._paused = True
-            self._conn.pause()
-            self._check = self._loop.call_later(_PIPE_CHECK_S, self._drained)
-
-    def _drained(self) -> None:
-        """While paused for a slow client: read the engine again once the client's output
-        went below half the limit (looked at every ``_PIPE_CHECK_S``)."""
-        self._check = None
-        out = self._out
-        if self._pipe is None or out is None or self._error is not None:
-            return
-        if out.is_closing():
-            self._fail(ConnectionResetError("the client went away"))
-        elif out.get_write_buffer_size() > _PIPE_HIGH // 2:
-            self._check = self._loop.call_later(_PIPE_CHECK_S, self._drained)
-        else:
-            self._paused = False
-            self._conn.resume()
-
-    def _finish_pipe(self) -> None:
-        if self._error is None:
-            chunks = self._chunks
-            self._tail = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            chunks.clear()
-            if self._count:
-                self.events += self._tail.count(b"data:")
-        pipe = self._pipe
-        if pipe is not None and not pipe.done():
-            pipe.set_result(None)
-
-    # -- the end -------------------------------------------------------------------------
-    def close(self) -> None:
-        """Idempotent. Returns the connection to the pool after a clean, complete,
-        keep-alive exchange; otherwise aborts it."""
-        if self._closed:
-            return
-        self._closed = True
-        if self.deadline is not None:
-            self.deadline.cancel()
-            self.deadline = None
-        conn = self._conn
-        conn.leg = None
-        if self._complete and self._error is None and self._keep_alive and not conn.closed:
-            if self._paused:
-                self._paused = False
-                conn.resume()
-            conn.pool.release(conn)
-            return
-        conn.abort()
-        self._fail(UpstreamError("the leg was closed"))
-
-
-@dataclass(frozen=True, slots=True)
-class _Target:
-    key: Key
-    host: str
-    port: int
-    tls: bool
-    head: bytes  # "POST <path> HTTP/1.1", Host and the fixed headers
-
-
-class Upstream:
-    """The HTTP client for engine legs (one per gateway process, event-loop only)."""
-
-    def __init__(
-        self,
-        connect_timeout_s: float,
-        ssl_context: ssl.SSLContext | None = None,
-        api_key: str | None = None,
-    ) -> None:
-        self.connect_timeout_s = connect_timeout_s
-        # For https engine URLs: a CA bundle and client certificate (mTLS); None: system CAs.
-        self.ssl_context = ssl_context
-        # The engines' own API key (vLLM --api-key), sent on every leg; the client's
-        # Authorization is never forwarded (the fixed headers are the gateway's own).
-        self._auth = b"Authorization: Bearer %b\r\n" % api_key.encode("ascii") if api_key else b""
-        self._pool = _Pool()
-        self._targets: dict[str, _Target] = {}
-
-    async def close(self) -> None:
-        self._pool.close()
-
-    def _target(self, url: str) -> _Target:
-        target = self._targets.get(url)
-        if target is not None:
-            return target
-        try:
-            parts = urlsplit(url)
-            tls = parts.scheme == "https"
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(url)
-            port = parts.port or (443 if tls else 80)
-        except ValueError as error:
-            raise LegError("connect", detail=f"invalid engine URL {url!r}") from error
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        netloc = parts.netloc.rsplit("@", 1)[-1]
-        head = f"POST {path} HTTP/1.1\r\nHost: {netloc}\r\n".encode("latin-1") + _HEADERS
-        head += self._auth
-        target = _Target((parts.hostname, port, tls), parts.hostname, port, tls, head)
-        if len(self._targets) >= 1024:  # engine URLs change with configs: keep it bounded
-            self._targets.clear()
-        self._targets[url] = target
-        return target
-
-    async def _connect(
-        self, target: _Target, loop: asyncio.AbstractEventLoop, deadline: float
-    ) -> _Conn:
-        context: ssl.SSLContext | None = None
-        if target.tls:
-            context = self.ssl_context or ssl.create_default_context()
-        try:
-            async with asyncio.timeout_at(min(deadline, loop.time() + self.connect_timeout_s)):
-                _, conn = await loop.create_connection(
-                    lambda: _Conn(self._pool, target.key),
-                    target.host,
-                    target.port,
-                    ssl=context,
-                    server_hostname=target.host if context is not None else None,
-                )
-        except TimeoutError as error:
-            # Not the leg's timeout: nothing was sent, so another instance may take it.
-            raise LegError("connect", detail="ConnectTimeout") from error
-        return conn
-
-    async def open(self, url: str, body: bytes, request_id: str, timeout_s: float) -> LegResponse:
-        """POST ``body`` to ``url``; returns the response once its headers arrived (2xx only).
-        ``timeout_s`` bounds the whole exchange, body included, by one timer per leg (the
-        response's deadline, armed when the request is sent; a new connection's connect is
-        bounded by ``connect_timeout_s`` too): a wait past it raises ``TimeoutError``.
-        Raises :class:`LegError`.
-
-        A kept-alive connection that the engine closed just as it was reused (no byte of
-        an answer) is retried once on a new connection: the engine cannot have started the
-        work, having closed before reading it or before answering anything."""
-        target = self._target(url)
-        try:
-            rid = request_id.encode("utf-8", "surrogateescape")  # the client's bytes, as sent
-        except UnicodeEncodeError:
-            rid = request_id.encode("utf-8", "replace")
-        request = b"%bX-Request-Id: %b\r\nContent-Length: %d\r\n\r\n%b" % (
-            target.head,
-            rid,
-            len(body),
-            body,
-        )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        leg: LegResponse | None = None
-        try:
-            for attempt in range(2):
-                conn = self._pool.take(target.key)
-                if conn is None:
-                    conn = await self._connect(target, loop, deadline)
-                leg = LegResponse(conn, loop)
-                conn.leg = leg
-                leg.deadline = loop.call_at(deadline, leg.expire)
-                assert conn.transport is not None  # noqa: S101 - connected
-                conn.transport.write(request)
-                try:
-                    await leg.headers_arrived()
-                    break
-                except _Disconnected:
-                    leg.close()
-                    if not conn.reused or attempt:
-                        raise
-        except TimeoutError as error:
-            if leg is not None:
-                leg.close()
-            raise LegError("timeout") from error
-        except (OSError, UpstreamError) as error:
-            if leg is not None:
-                leg.close()
-            raise LegError("connect", detail=type(error).__name__) from error
-        except BaseException:
-            if leg is not None:
-                leg.close()
-            raise
-        assert leg is not None  # noqa: S101 - the loop ends with a leg or raises
-        if leg.status >= 300:
-            try:
-                detail = (await leg.read())[:2000].decode("utf-8", "replace")
-            except (UpstreamError, TimeoutError):
-                detail = ""
-            finally:
-                leg.close()
-            raise LegError("status", leg.status, detail)
-        return leg
-
-    async def call(self, url: str, body: bytes, request_id: str, timeout_s: float) -> bytes:
-        """A whole small exchange (the prefill leg, ``/tokenize``): the response body."""
-        response = await self.open(url, body, request_id, timeout_s)
-        try:
-            return await response.read()
-        except TimeoutError as error:
-            raise LegError("timeout") from error
-        except UpstreamError as error:
-            raise LegError("stream_error", detail=type(error).__name__) from error
-        finally:
-            response.close()
-
-
-async def first_chunk(response: LegResponse) -> bytes:
-    """The first body bytes of an opened leg (b"" for an empty body). An SSE stream whose
-    first event is an error counts as a failed leg (nothing has reached the client yet).
-    Raises :class:`LegError`; closes the response on failure and on cancellation."""
-    try:
-        chunk = await response.readany()
-    except asyncio.CancelledError:
-        # The client went away (or the remote path gave up on this leg): close now, which
-        # aborts the engine's work and cancels the leg's deadline.
-        response.close()
-        raise
-    except TimeoutError as error:
-        response.close()
-        raise LegError("timeout") from error
-    except UpstreamError as error:
-        response.close()
-        raise LegError("stream_error", detail=type(error).__name__) from error
-    if chunk.startswith(_SSE_ERROR_PREFIX):
-        response.close()
-        raise LegError("status", 500, chunk[:2000].decode("utf-8", "replace"))
-    return chunk
+from agents.gateway.upstream import LegResponse, UpstreamError
 
 
 @dataclass(slots=True)
@@ -628,6 +40,17 @@ def sse_error_event(message: str, code: str) -> bytes:
     return b"data: " + json.dumps(doc).encode() + b"\n\n"
 
 
+@dataclass(frozen=True, slots=True)
+class ResponseHead:
+    """The status line and headers of a relayed response: ``length`` None for a body of
+    unknown length (chunked, or SSE)."""
+
+    status: int
+    headers: dict[str, str]
+    content_type: str
+    length: int | None
+
+
 class Client(Protocol):
     """Where a relayed response goes: aiohttp's response (:class:`AiohttpClient`) or a
     connection of the gateway's own server (``agents.gateway.fastpath``)."""
@@ -638,17 +61,9 @@ class Client(Protocol):
     @property
     def transport(self) -> asyncio.WriteTransport | None: ...
 
-    async def begin(
-        self,
-        status: int,
-        headers: dict[str, str],
-        content_type: str,
-        length: int | None,
-        first: bytes,
-        eof: bool,
-    ) -> bool:
-        """Send the status, the headers and ``first`` (in one write); with ``eof`` also the
-        end of the response. Returns whether the body is chunked (the framing the relay's
+    async def begin(self, head: ResponseHead, first: bytes, eof: bool) -> bool:
+        """Send ``head`` and ``first`` (in one write); with ``eof`` also the end of the
+        response. Returns whether the body is chunked (the framing the relay's
         pipe must write in)."""
         ...
 
@@ -673,19 +88,11 @@ class AiohttpClient:
     def transport(self) -> asyncio.WriteTransport | None:
         return self.request.transport
 
-    async def begin(
-        self,
-        status: int,
-        headers: dict[str, str],
-        content_type: str,
-        length: int | None,
-        first: bytes,
-        eof: bool,
-    ) -> bool:
-        response = self.response = web.StreamResponse(status=status, headers=headers)
-        response.content_type = content_type
-        if length is not None:
-            response.content_length = length
+    async def begin(self, head: ResponseHead, first: bytes, eof: bool) -> bool:
+        response = self.response = web.StreamResponse(status=head.status, headers=head.headers)
+        response.content_type = head.content_type
+        if head.length is not None:
+            response.content_length = head.length
         await response.prepare(self.request)
         # aiohttp sends the headers with the first write, and the last chunk with the
         # stream's terminator when both come together.
@@ -724,9 +131,8 @@ async def relay(
     try:
         events = first.count(b"data:") if is_sse else 0
         eof = upstream.at_eof()
-        chunked = await client.begin(
-            upstream.status, headers, content_type.split(";")[0], length, first, eof
-        )
+        head = ResponseHead(upstream.status, headers, content_type.split(";")[0], length)
+        chunked = await client.begin(head, first, eof)
         first_at = time.monotonic()
         if eof:
             return RelayResult(first_at, first_at, events, True)

@@ -1,4 +1,4 @@
-"""The gateway's upstream HTTP/1.1 client (agents.gateway.proxy.Upstream) against small raw
+"""The gateway's upstream HTTP/1.1 client (agents.gateway.upstream.Upstream) against small raw
 servers on loopback that misbehave on purpose: connection reuse and its one retry, responses
 delimited by the connection's end, malformed responses, deadlines."""
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from agents.gateway.proxy import LegError, Upstream
+from agents.gateway.upstream import LegError, Upstream
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 

@@ -1,0 +1,95 @@
+"""The gateway's plain endpoints: ``/health``, ``/v1/models``, ``/metrics`` and
+``/debug/routing``, and the gauges computed on scrape. A mixin of
+:class:`agents.gateway.app.Gateway` (which registers them in :func:`~agents.gateway.app.build_app`);
+none of them reaches an engine.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from agents.gateway.access import ClientKeys, admit
+from agents.gateway.admission import Admission
+from agents.gateway.budget import FallbackBudget
+from agents.gateway.metrics import GatewayMetrics
+from agents.gateway.state import Router
+
+
+class Endpoints:
+    """The plain endpoints over the gateway's state (set by :class:`Gateway`)."""
+
+    router: Router
+    metrics: GatewayMetrics
+    keys: ClientKeys
+    budget: FallbackBudget
+    admission: Admission
+
+    async def health(self, request: web.Request) -> web.Response:
+        """``ok``; ``degraded`` (200) when an instance is out or a prefill pool has none
+        available (requests are served locally); ``unhealthy`` (503) when the decode pool
+        has none available, or without a config."""
+        config = self.router.config
+        if config is None:
+            return web.json_response({"status": "no_config"}, status=503)
+        pools = [
+            {k: v for k, v in p.snapshot().items() if k != "instances"}
+            for p in self.router.pools.values()
+        ]
+        status = "ok"
+        if any(p["healthy"] < p["total"] for p in pools):
+            status = "degraded"
+        if any(p["role"] == "decode" and p["healthy"] == 0 for p in pools):
+            status = "unhealthy"
+        doc = {"status": status, "config_version": config.version, "pools": pools}
+        return web.json_response(doc, status=503 if status == "unhealthy" else 200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        refused = admit(self.keys, self.metrics, request.headers)
+        if refused is not None:
+            return refused
+        config = self.router.config
+        data = [] if config is None else [
+            {"id": config.model_name, "object": "model", "created": 0, "owned_by": "pdbridge"}
+        ]  # fmt: skip
+        return web.json_response({"object": "list", "data": data})
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        self.refresh_gauges()
+        return web.Response(
+            body=generate_latest(self.metrics.registry),
+            headers={"Content-Type": CONTENT_TYPE_LATEST},
+        )
+
+    async def debug_routing(self, request: web.Request) -> web.Response:
+        doc = self.router.debug()
+        doc["fallback_budget"] = {
+            "tokens": round(self.budget.bucket.tokens, 3),
+            "rate_per_s": self.budget.bucket.rate,
+            "burst": self.budget.bucket.burst,
+            "waiting": self.budget.waiting,
+        }
+        return web.json_response(doc)
+
+    def refresh_gauges(self) -> None:
+        """Breaker and site gauges (computed on scrape, not per request)."""
+        router, m = self.router, self.metrics
+        m.admission_in_flight.set(self.admission.in_flight)
+        m.admission_queued.set(self.admission.queued)
+        config = router.config
+        if config is None:
+            return
+        m.threshold.set(router.tuner.effective(config.threshold_tokens))
+        for scope, breakers in (
+            ("site", router.site_breakers),
+            ("instance", router.instance_breakers),
+        ):
+            for name, breaker in breakers.items():
+                m.breaker_state.labels(scope, name).set(
+                    {"closed": 0, "half_open": 1, "open": 2}[breaker.state]
+                )
+                m.breaker_ejections.labels(scope, name).set(breaker.total_ejections)
+        for view in router.site_views(config):
+            m.site_queue.labels(view.name).set(view.queue_depth)
+            m.site_utilization.labels(view.name).set(view.utilization)
+        m.pools(router.pools.values(), router.instance_inflight)
