@@ -193,6 +193,9 @@ def engine_launch_settings(target: Target, config: dict[str, Any]) -> tuple[str,
         "chunked_prefill_tokens": int(config["prefill"]["chunked_prefill_tokens"]),
         "kv_connector_extra_config": extra,
     }
+    engine = str(s.get("engine") or "reference")
+    if engine == "vllm":
+        return engine, _vllm_launch(target, config, launch)
     args: list[str] = []
     if target.role == "decode":
         listen = s.get("kv_listen") or f"{launch['host']}:{_port(s, 'kv_port', DEFAULT_KV_PORT)}"
@@ -218,7 +221,56 @@ def engine_launch_settings(target: Target, config: dict[str, Any]) -> tuple[str,
         # testbed's namespace sites); the reference engine refuses it without the flag.
         args.append("--insecure")
     launch["extra_args"] = args
-    return str(s.get("engine") or "reference"), launch
+    return engine, launch
+
+
+def _vllm_launch(target: Target, config: dict[str, Any], launch: dict[str, Any]) -> dict[str, Any]:
+    """Launch settings of a vLLM engine: pdbridge's connector (``kv_transfer.mode`` push, the
+    default) configured from the deployment -- the link's deadline, retries, chunk size,
+    compression and checksum, the model fingerprint, mTLS and (decode) the listener and its
+    allowlist -- or vLLM's NixlConnector for ``pull``. A decode engine's failed KV load
+    fails its request (``kv_load_failure_policy: fail``): the gateway then serves it by local
+    prefill and says so (``x-pdbridge-path: fallback``) instead of a silent recompute."""
+    s = target.settings
+    kvt = config["kv_transfer"]
+    launch.pop("kv_connector_extra_config", None)
+    if target.role == "decode":
+        launch["kv_load_failure_policy"] = "fail"
+    if kvt.get("mode") == "pull":
+        launch["kv_connector"] = "NixlConnector"
+        return launch
+    extra: dict[str, Any] = {
+        "deadline_s": kvt["timeout_ms"] / 1000,
+        "link": {
+            "timeout_ms": int(kvt["timeout_ms"]),
+            "retry": int(kvt["retry"]),
+            "chunk_size_bytes": int(float(kvt["chunk_size_mb"]) * (1 << 20)),
+            "compression": str(kvt["compression"]),
+            "checksum": "xxh3" if kvt["checksum"] else "none",
+        },
+    }
+    if not kvt["checksum"]:
+        extra["receiver"] = {"accept_unverified": True}
+    model = config["model"]
+    if model.get("weights_sha256") and model.get("architecture_hash"):
+        extra["fingerprint"] = f"{model['weights_sha256']}:{model['architecture_hash']}"
+    if target.role == "decode":
+        port = _port(s, "kv_port", DEFAULT_KV_PORT)
+        extra["listen"] = str(s.get("kv_listen") or f"{launch['host']}:{port}")
+    tls = s.get("kv_tls")
+    if tls:
+        if not isinstance(tls, dict) or not {"ca", "cert", "key"} <= set(tls):
+            raise AgentOpsError("engine_settings.kv_tls: an object with ca, cert and key paths")
+        extra.update(tls_ca=tls["ca"], tls_cert=tls["cert"], tls_key=tls["key"])
+        if target.role == "decode":
+            extra["allowed_peers"] = engine_allowed_peers(config)
+    elif s.get("kv_insecure"):
+        extra["insecure"] = True
+    else:
+        raise AgentOpsError("engine_settings.kv_tls: required (or kv_insecure: true on loopback)")
+    launch["kv_connector"] = "PdbridgeConnector"
+    launch["kv_connector_extra_config"] = extra
+    return launch
 
 
 def allowed_peers(config: dict[str, Any]) -> list[str]:

@@ -57,8 +57,9 @@ class EngineSpec:
     chunked_prefill_tokens: int = 512
     max_model_len: int | None = None
     tensor_parallel_size: int = 1
-    #: KV connector: a vLLM registry name (NixlConnector, ...) or pdbridge's own later.
-    kv_connector: str = "NixlConnector"
+    #: KV connector: pdbridge's own (``PdbridgeConnector``, push over grpc_kv) or a vLLM
+    #: registry name (``NixlConnector``, pull mode, ...).
+    kv_connector: str = "PdbridgeConnector"
     kv_connector_module_path: str | None = None
     kv_connector_extra_config: dict[str, Any] = field(default_factory=dict)
     #: ``fail`` (error on a failed KV load) or ``recompute`` (decode prefills locally).

@@ -19,6 +19,10 @@ from agents.engines.base import AdapterError, EngineAdapter, EngineSpec
 #: pdbridge role -> vLLM ``kv_role``. ``both`` runs without a connector (kv_both is deprecated
 #: for PD disaggregation).
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+#: pdbridge's own connector (push over grpc_kv, hybrid-aware): the default for vLLM pools. It
+#: lives in vLLM's environment (scripts/install-vllm-connector.sh), never imported here.
+PDBRIDGE_CONNECTOR = "PdbridgeConnector"
+PDBRIDGE_CONNECTOR_MODULE = "pdbridge_vllm.connector"
 
 
 class VllmAdapter(EngineAdapter):
@@ -33,8 +37,16 @@ class VllmAdapter(EngineAdapter):
         if role is None:
             return None
         config: dict[str, Any] = {"kv_connector": s.kv_connector, "kv_role": role}
-        if s.kv_connector_module_path:
-            config["kv_connector_module_path"] = s.kv_connector_module_path
+        module = s.kv_connector_module_path
+        if s.kv_connector == PDBRIDGE_CONNECTOR:
+            module = module or PDBRIDGE_CONNECTOR_MODULE
+            if s.role == "decode" and not s.kv_connector_extra_config.get("listen"):
+                raise AdapterError(
+                    "kv_connector_extra_config.listen: required for PdbridgeConnector on a "
+                    "decode engine (where its KV receiver listens, host:port)"
+                )
+        if module:
+            config["kv_connector_module_path"] = module
         if s.engine_id:
             config["engine_id"] = s.engine_id
         if s.kv_connector_extra_config:
@@ -103,7 +115,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--chunked-prefill-tokens", type=int, default=512)
-    p.add_argument("--kv-connector", default="NixlConnector")
+    p.add_argument("--kv-connector", default=PDBRIDGE_CONNECTOR)
     p.add_argument("--kv-connector-module-path")
     p.add_argument("--kv-connector-extra-config", default="{}", help="JSON object")
     p.add_argument("--kv-load-failure-policy", choices=("fail", "recompute"), default="fail")

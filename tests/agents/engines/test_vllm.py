@@ -32,6 +32,7 @@ def _spec(**kw) -> EngineSpec:
         "max_model_len": 32768,
         "tensor_parallel_size": 4,
         "engine_id": "pf-a",
+        "kv_connector": "NixlConnector",
     }
     return EngineSpec(**{**base, **kw})
 
@@ -56,12 +57,11 @@ def test_prefill_command_line():
     }
 
 
-def test_decode_command_line_with_out_of_tree_connector_and_recompute():
-    spec = _spec(
+def test_pdbridge_connector_is_the_default_and_names_its_module():
+    spec = EngineSpec(
         role="decode",
-        kv_connector="PdbridgeConnector",
-        kv_connector_module_path="pdbridge_vllm.connector",
-        kv_connector_extra_config={"receiver": "0.0.0.0:7070"},
+        model="/models/qwen3-next",
+        kv_connector_extra_config={"listen": "0.0.0.0:7070"},
         kv_load_failure_policy="recompute",
     )
 
@@ -70,11 +70,17 @@ def test_decode_command_line_with_out_of_tree_connector_and_recompute():
     assert config == {
         "kv_connector": "PdbridgeConnector",
         "kv_role": "kv_consumer",
-        "engine_id": "pf-a",
         "kv_connector_module_path": "pdbridge_vllm.connector",
-        "kv_connector_extra_config": {"receiver": "0.0.0.0:7070"},
+        "kv_connector_extra_config": {"listen": "0.0.0.0:7070"},
         "kv_load_failure_policy": "recompute",
     }
+
+
+def test_pdbridge_connector_on_decode_needs_a_listen_address():
+    spec = EngineSpec(role="decode", model="/models/m")
+
+    with pytest.raises(AdapterError, match=r"kv_connector_extra_config\.listen"):
+        VllmAdapter(spec).command()
 
 
 def test_role_both_runs_without_connector():
@@ -131,7 +137,16 @@ def test_registry_is_lazy_and_complete():
 
 def test_vllm_command_cli_prints_argv(capsys):
     assert (
-        vllm_main(["--role", "decode", "--model", "m", "--kv-connector-extra-config", '{"a": 1}'])
+        vllm_main(
+            [
+                "--role",
+                "decode",
+                "--model",
+                "m",
+                "--kv-connector-extra-config",
+                '{"listen": "127.0.0.1:7070"}',
+            ]
+        )
         == 0
     )
     out = json.loads(capsys.readouterr().out)
