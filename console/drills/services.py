@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
@@ -180,7 +181,14 @@ def drill_update(*, actor: Actor, drill: Drill, **fields: Any) -> Drill:
 
 @transaction.atomic
 def drill_delete(*, actor: Actor, drill: Drill) -> None:
-    """Delete a drill, its schedule and its reports (their runs stay in the run history)."""
+    """Delete a drill and its schedule. Refused (409) while it has reports: they are the
+    evidence that the fallback was exercised, and would go with it."""
+    reports = DrillReport.objects.filter(drill=drill).count()
+    if reports:
+        raise Conflict(
+            f"Drill {drill.name} has {reports} report(s); they are kept as evidence, so the "
+            "drill cannot be deleted (clear its schedule to stop it running)."
+        )
     task = drill.periodic_task
     audited_delete(actor=actor, instance=drill)
     if task is not None:
@@ -202,6 +210,7 @@ def drill_params(drill: Drill) -> dict[str, Any]:
     first = sorted(decode.nodes.all(), key=lambda n: n.hostname)[0]
     settings = {**(deployment.model.engine_settings or {}), **(decode.engine_settings or {})}
     host = settings.get("engine_host") or first.hostname
+    gateway_scheme = "http" if django_settings.PDBRIDGE_CONTROLLER_INSECURE else "https"
     faults: list[dict[str, Any]] = []
     if drill.kind == DrillKind.LINK_CUT:
         # The local site's agents cut their WAN path to each remote prefill site.
@@ -239,8 +248,9 @@ def drill_params(drill: Drill) -> dict[str, Any]:
         "recover_timeout_s": drill.recover_timeout_s,
         "load": {**LOAD_DEFAULTS, **drill.load_profile},
         "criteria": merged_criteria(drill.criteria),
+        # The gateway serves HTTPS unless the testbed runs plaintext (as agentops.gateway_url).
         "gateway_url": targets.get("gateway_url")
-        or f"http://{host}:{int(settings.get('gateway_port', 8080))}",
+        or f"{gateway_scheme}://{host}:{int(settings.get('gateway_port', 8080))}",
         "decode_url": targets.get("decode_url")
         or f"http://{host}:{int(settings.get('port', 8000))}",
         "model": targets.get("model") or deployment.model.name,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.test import override_settings
 from django_celery_beat.models import PeriodicTask
 
 from console.drills import services
@@ -97,7 +98,7 @@ def test_post_starts_the_workflow_with_resolved_params_and_a_running_report(api_
     assert run.params["load"]["max_tokens"] == 16
     assert run.params["criteria"]["max_time_to_recover_s"] == 20
     assert run.params["criteria"]["max_failed_requests"] == 0
-    assert run.params["gateway_url"] == "http://dec-1:8080"
+    assert run.params["gateway_url"] == "https://dec-1:8080"  # the gateway serves TLS
     assert run.params["model"] == "qwen3next-tiny"
 
 
@@ -115,6 +116,30 @@ def test_remote_restart_targets_the_prefill_nodes_engine(world):
         {"agent": "10.1.0.5:7070", "node": "pre-1", "kind": "engine_kill", "target": "prefill-a"}
     ]
     assert params["gateway_url"] == "https://gw:9443"
+
+
+def test_the_default_gateway_url_is_plain_http_only_on_an_insecure_testbed(api_as, world):
+    with override_settings(PDBRIDGE_CONTROLLER_INSECURE=True):
+        response = api_as("operator").post("/api/drills/", _body(world), format="json")
+
+    assert response.status_code == 201, response.json()
+    report = DrillReport.objects.get(drill_id=response.json()["id"])
+    assert WorkflowRun.objects.get(pk=report.run_id).params["gateway_url"] == "http://dec-1:8080"
+
+
+def test_deleting_a_drill_with_reports_is_409_and_keeps_them(api_as, world):
+    created = api_as("operator").post("/api/drills/", _body(world), format="json").json()
+    report = DrillReport.objects.get(drill_id=created["id"])
+
+    response = api_as("operator").delete(f"/api/drills/{created['id']}/")
+
+    assert response.status_code == 409
+    assert response.json() == {
+        "detail": "Drill cut-1 has 1 report(s); they are kept as evidence, so the drill cannot "
+        "be deleted (clear its schedule to stop it running)."
+    }
+    assert Drill.objects.filter(pk=created["id"]).exists()
+    assert api_as("viewer").get(f"/api/drill-reports/{report.pk}/").status_code == 200
 
 
 def test_create_without_running(api_as, world):
