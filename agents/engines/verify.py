@@ -284,6 +284,19 @@ async def verify_prompt(
     )
 
 
+def verdict(results: list[PromptResult], fingerprints_equal: bool) -> bool:
+    """The report's ``ok``: every prompt matched its local run, every decode answer that says
+    which path served it says ``remote`` (a decode engine that prefilled locally because the
+    KV did not come has not verified the transfer, however equal its tokens), and both
+    engines run the same weights and architecture."""
+    return (
+        bool(results)
+        and all(r.match for r in results)
+        and all(r.remote_path in (None, "remote") for r in results)
+        and fingerprints_equal
+    )
+
+
 async def run_verification(
     *,
     prefill: str,
@@ -329,13 +342,14 @@ async def run_verification(
     aligned = bool(local_chunk) or pext.get("chunked_prefill_tokens") == dext.get(
         "chunked_prefill_tokens"
     )
+    fingerprints_equal = pext.get("fingerprint") == dext.get("fingerprint")
     return {
         "model": model,
         "kv_mode": kv_mode,
-        "ok": all(r.match for r in results),
+        "ok": verdict(results, fingerprints_equal),
         "chunk_aligned": aligned,
         "local_chunked_prefill_tokens": local_chunk,
-        "fingerprints_equal": pext.get("fingerprint") == dext.get("fingerprint"),
+        "fingerprints_equal": fingerprints_equal,
         "engines": {"prefill": {"url": prefill, **pext}, "decode": {"url": decode, **dext}},
         "prompts": [asdict(r) for r in results],
     }

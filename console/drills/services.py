@@ -195,6 +195,17 @@ def drill_delete(*, actor: Actor, drill: Drill) -> None:
         task.delete()
 
 
+def _remote_lengths(deployment: Deployment) -> list[int]:
+    """The default verification sample: one prompt twice the remote threshold (so it goes
+    remote even after the gateway re-tuned the threshold up a step or two), at least 64
+    tokens, within the model's context when the catalog says it."""
+    length = max(deployment.remote_prefill_threshold_tokens * 2, 64)
+    max_len = (deployment.model.engine_settings or {}).get("max_model_len")
+    if isinstance(max_len, int) and max_len > 32:
+        length = min(length, max_len - 16)
+    return [length]
+
+
 def drill_params(drill: Drill) -> dict[str, Any]:
     """Everything the workflow needs, resolved now from the deployment's pools and the drill's
     overrides (the run is self-contained: later edits do not change a running drill)."""
@@ -254,7 +265,7 @@ def drill_params(drill: Drill) -> dict[str, Any]:
         "decode_url": targets.get("decode_url")
         or f"http://{host}:{int(settings.get('port', 8000))}",
         "model": targets.get("model") or deployment.model.name,
-        "verify_prompts": targets.get("verify_prompts", [64]),
+        "verify_prompts": targets.get("verify_prompts") or _remote_lengths(deployment),
         "faults": faults,
     }
 

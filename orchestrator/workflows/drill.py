@@ -26,7 +26,11 @@ from console.drills import services as drill_services
 from console.drills.choices import STEPS as STEP_NAMES
 from orchestrator import drillops
 from orchestrator.steps import Done, Fail, Step, StepContext, StepResult, Wait
-from orchestrator.workflows.drill_figures import figures, first_remote_after
+from orchestrator.workflows.drill_figures import (
+    figures,
+    first_remote_after,
+    verification_verdict,
+)
 
 #: How often windows with a condition (restore, recovery, load collection) are re-checked.
 RECHECK_S = 0.5
@@ -178,7 +182,7 @@ def verify(ctx: StepContext) -> StepResult:
         match, tokens, digests, divergence = compare(local, through)
         rows.append({"length": length, "path": path, "match": match, "tokens": tokens,
                      "logits": digests, "divergence": str(divergence) if divergence else None})  # fmt: skip
-    return Done({"ok": all(r["match"] for r in rows), "prompts": rows})
+    return Done(verification_verdict(rows))
 
 
 def report(ctx: StepContext) -> StepResult:

@@ -118,3 +118,12 @@ def figures(
             "rows": rows,
         },
     }
+
+
+def verification_verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ``verify`` step's evidence: ``ok`` only when every sample matched its local run
+    *and* at least one of them was served by the remote path (a drill whose samples all went
+    local has not verified the path it drilled); ``remote_compared`` counts those."""
+    remote = sum(1 for r in rows if r.get("path") == "remote" and r.get("match"))
+    ok = bool(rows) and all(r.get("match") for r in rows) and remote > 0
+    return {"ok": ok, "remote_compared": remote, "prompts": rows}

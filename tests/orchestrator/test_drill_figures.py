@@ -114,3 +114,19 @@ def test_both_drill_workflows_have_the_steps_the_console_creates():
     assert workflow_steps("drill_link_cut") == STEPS
     assert workflow_steps("drill_remote_restart") == STEPS
     assert workflow_module("drill_link_cut").on_failure is not None
+
+
+def test_verification_needs_a_remote_sample_that_matched():
+    from orchestrator.workflows.drill_figures import verification_verdict
+
+    remote = {"length": 256, "path": "remote", "match": True}
+    local = {"length": 64, "path": "local", "match": True}
+
+    assert verification_verdict([local, remote]) == {
+        "ok": True,
+        "remote_compared": 1,
+        "prompts": [local, remote],
+    }
+    assert verification_verdict([local])["ok"] is False  # only local: the path was not checked
+    assert verification_verdict([{**remote, "match": False}, local])["ok"] is False
+    assert verification_verdict([])["ok"] is False

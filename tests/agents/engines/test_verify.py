@@ -282,3 +282,18 @@ def test_compare_uses_logprobs_without_digests():
     assert drift[3].step == 1
     assert drift[3].position == 11
     assert tolerated[0] is True
+
+
+def test_ok_needs_the_remote_path_and_equal_fingerprints():
+    from agents.engines.verify import PromptResult, verdict
+
+    def result(match: bool = True, path: str | None = "remote") -> PromptResult:
+        return PromptResult(200, 200, match, 8, 8, None, path)
+
+    assert verdict([result()], fingerprints_equal=True) is True
+    assert verdict([result(path=None)], fingerprints_equal=True) is True  # engine cannot say
+    assert verdict([result(path="fallback")], fingerprints_equal=True) is False
+    assert verdict([result(path="local")], fingerprints_equal=True) is False
+    assert verdict([result()], fingerprints_equal=False) is False
+    assert verdict([result(match=False)], fingerprints_equal=True) is False
+    assert verdict([], fingerprints_equal=True) is False

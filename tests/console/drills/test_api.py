@@ -142,6 +142,17 @@ def test_deleting_a_drill_with_reports_is_409_and_keeps_them(api_as, world):
     assert api_as("viewer").get(f"/api/drill-reports/{report.pk}/").status_code == 200
 
 
+def test_the_default_verification_sample_is_long_enough_to_go_remote(api_as, world):
+    world.deployment.remote_prefill_threshold_tokens = 300
+    world.deployment.save(update_fields=["remote_prefill_threshold_tokens"])
+
+    response = api_as("operator").post("/api/drills/", _body(world), format="json")
+
+    assert response.status_code == 201, response.json()
+    report = DrillReport.objects.get(drill_id=response.json()["id"])
+    assert WorkflowRun.objects.get(pk=report.run_id).params["verify_prompts"] == [600]
+
+
 def test_create_without_running(api_as, world):
     response = api_as("operator").post("/api/drills/", _body(world, run_now=False), format="json")
 
