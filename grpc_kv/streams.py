@@ -43,6 +43,11 @@ log = logging.getLogger("grpc_kv.sender")
 ROLE = "sender"
 
 
+#: The slowest link the sender assumes before it has measured one (bits/s): only for noticing
+#: a stalled connection, never for pacing.
+STALL_FLOOR_BPS = 1_000_000
+
+
 class ChunkStreams:
     """The stream workers of a transfer (a base of :class:`grpc_kv.sender.Transfer`, whose
     ``__init__`` sets the state declared here)."""
@@ -267,12 +272,16 @@ class ChunkStreams:
         """How long a connection with chunks in flight may go without an ack before it is
         declared dead (a black-holed path that TCP and HTTP/2 keepalive do not notice):
         four chunks per connection at the link's rate, at least ``rpc_timeout_ms``. Before
-        the rate is known, only the deadline applies."""
+        the rate is known (the first transfer on a link), at the configured ``link_rate_bps``
+        or else at ``STALL_FLOOR_BPS``: a connection broken silently (a TLS record damaged in
+        flight leaves it open and mute) must not hold a transfer for its whole deadline,
+        which can outlast the receiver's patience (its ``ttl_s``)."""
         rate = self.link.known_bytes_per_s()
         if rate <= 0:
-            return max(self.remaining(), 0.05)
+            configured = self.options.link_rate_bps / 8
+            rate = configured if configured > 0 else STALL_FLOOR_BPS / 8
         per_conn = 4 * self.options.chunk_size_bytes * len(self.link.channels) / rate
-        return max(self.options.rpc_timeout_ms / 1000, per_conn)
+        return min(max(self.options.rpc_timeout_ms / 1000, per_conn), max(self.remaining(), 0.05))
 
     async def _read_loop(self, call: Any, index: int, sent: deque[OutChunk]) -> None:
         # The server ends a stream only on error (raised by read) or after we finished
