@@ -30,7 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.gateway import ROOT, _cpu_s, _pin, _run, _snapshot, _spawn, paced, placement
+from bench.gateway import _snapshot, paced
+from bench.gateway_procs import ROOT, _cpu_s, _pin, _run, _spawn, placement
 
 OUT = ROOT / "var" / "bench" / "gateway_profile.json"
 

@@ -27,7 +27,9 @@ side in one run, JSON to ``var/bench/kv.json``.
 
 ``python -m bench.kv sender ...`` is the sending side it runs inside a namespace;
 ``python -m bench.kv receiver`` the receiver with a consumer of the kept rows,
-``python -m bench.kv consumer SOCKET`` the engine of the local-socket rows.
+``python -m bench.kv consumer SOCKET`` the engine of the local-socket rows (all three in
+``bench/kv_peers.py``). The reference methods (plain TCP, checked TCP, bare grpcio) are in
+``bench/kv_baselines.py``; this module runs the rows and judges the targets.
 """
 
 from __future__ import annotations
@@ -38,197 +40,42 @@ import json
 import os
 import platform
 import resource
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import xxhash
-
-from grpc_kv.alloc import tune_allocator
+from bench.kv_baselines import (
+    cpu_of,
+    cpu_self,
+    grpcio_baseline,
+    tcp_baseline,
+)
+from bench.kv_peers import (
+    FP,
+    INSECURE,
+    MIB,
+    RUNNER,
+    bench_child,
+    byte_count,
+    consumer_main,
+    payload,
+    receiver_main,
+    send,
+    sender_main,
+)
 from grpc_kv.api import (
-    Fingerprint,
-    LayerSpec,
     LinkOptions,
     ReceiverOptions,
     ReceiverServer,
     TLSConfig,
-    TransferHeader,
     consume,
     create_ca,
     create_node_cert,
-    open_transfer,
 )
-from grpc_kv.bulk import unsent
-
-FP = Fingerprint("bench" * 8, "bench")
-#: The one event loop this process's transfers run on (``RUNNER.run(coro)``). With a new loop
-#: per transfer (``asyncio.run``), grpc.aio's completion-queue poller now and then posted to
-#: a loop that had just closed and printed "Event loop is closed" (grpc/grpc#25364).
-RUNNER = asyncio.Runner()
-INSECURE = TLSConfig(insecure=True)
-MIB = 1 << 20
-
-
-def bf16_normal(nbytes: int, seed: int = 0) -> bytes:
-    rng = np.random.default_rng(seed)
-    values = rng.standard_normal(nbytes // 2, dtype=np.float32)
-    return (values.view(np.uint32) >> 16).astype(np.uint16).tobytes()
-
-
-def payload(kind: str, nbytes: int) -> bytes:
-    return bf16_normal(nbytes) if kind == "bf16" else os.urandom(nbytes)
-
-
-# -- sending side (also run as a child process inside a namespace) -----------------------
-async def send(
-    target: str,
-    total: int,
-    layers: int,
-    options: LinkOptions,
-    data_kind: str,
-    discard: bool,
-    transfer_id: str | None = None,
-    data: bytes | None = None,
-    tls: TLSConfig = INSECURE,
-) -> dict[str, Any]:
-    per_layer = total // layers
-    if data is None:
-        data = payload(data_kind, per_layer)  # every layer carries the same bytes
-    header = TransferHeader(
-        transfer_id=transfer_id or f"bench-{uuid.uuid4().hex[:10]}",
-        fingerprint=FP,
-        layers=tuple(LayerSpec(f"layer{i}", length=per_layer) for i in range(layers)),
-        attrs={"pdbridge.loopback": "discard"} if discard else {},
-    )
-    opened = time.time()
-    async with open_transfer(target, header, options, tls) as tx:
-        for i in range(layers):
-            await tx.send_layer(f"layer{i}", data)
-        summary = await tx.finish()
-    return {
-        "opened_at": opened,
-        "bytes_raw": summary.bytes_raw,
-        "bytes_wire": summary.bytes_wire,
-        "seconds": summary.seconds,
-        "goodput_mbit_s": summary.goodput_mbit_s,
-        "codecs": summary.codecs,
-        "retransmits": summary.retransmits,
-        "data_path": summary.data_path,
-    }
-
-
-def sender_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="bench.kv sender")
-    parser.add_argument("--to", required=True)
-    parser.add_argument("--mb", type=int, default=64)
-    parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--chunk-mb", type=float, default=4)
-    parser.add_argument("--compression", default="none")
-    parser.add_argument("--connections", type=int, default=2)
-    parser.add_argument("--link-rate-mbit", type=float, default=0.0)
-    parser.add_argument("--data", default="bf16")
-    parser.add_argument("--keep", action="store_true", help="a consumer reads it (no discard)")
-    parser.add_argument("--transfer-id")
-    parser.add_argument("--data-path", choices=("grpc", "bulk"), default="grpc")
-    args = parser.parse_args(argv)
-    options = LinkOptions(
-        chunk_size_bytes=int(args.chunk_mb * MIB),
-        compression=args.compression,
-        connections=args.connections,
-        link_rate_bps=args.link_rate_mbit * 1e6,
-        utilisation_ceiling=1.0,
-        timeout_ms=600_000,
-        data_path=args.data_path,
-    )
-    result = asyncio.run(
-        send(
-            args.to, args.mb * MIB, args.layers, options, args.data, not args.keep, args.transfer_id
-        )
-    )
-    print(json.dumps(result))
-    return 0
-
-
-async def byte_count(reader: Any) -> int:
-    """Read a transfer's segments to the end, keeping none: how many bytes they held."""
-    return sum([len(segment.data) async for segment in reader])
-
-
-def bench_child(*args: str) -> subprocess.Popen[str]:
-    """``python -m bench.kv ARGS`` with stdin and stdout piped (text): a ``receiver`` or a
-    ``consumer``, which read the transfer ids written to their stdin."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "bench.kv", *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-
-
-async def read_announced(read_all: Callable[[str], Awaitable[int]]) -> None:
-    """For each transfer id read from stdin, ``read_all`` of it (its byte count) in a task of
-    its own, answered ``{"transfer_id": ..., "bytes": N}`` on stdout, or ``{"transfer_id":
-    ..., "error": ...}`` when reading failed (the benchmark waits for an answer either way);
-    returns at the end of stdin. The consumers of the kept loopback rows (see
-    :func:`measured_send`)."""
-    loop = asyncio.get_running_loop()
-    readers: set[asyncio.Task[None]] = set()
-
-    async def answer(transfer_id: str) -> None:
-        try:
-            result: dict[str, Any] = {"bytes": await read_all(transfer_id)}
-        except Exception as exc:  # TransferFailed, a broken local socket: said, not hung on
-            result = {"error": f"{type(exc).__name__}: {exc}"}
-        print(json.dumps({"transfer_id": transfer_id, **result}), flush=True)
-
-    while line := await loop.run_in_executor(None, sys.stdin.readline):
-        task = asyncio.create_task(answer(line.strip()))
-        readers.add(task)
-        task.add_done_callback(readers.discard)
-
-
-def receiver_main() -> int:
-    """``python -m bench.kv receiver``: a plaintext receiver offering the bulk path on an
-    ephemeral loopback port (``{"port": N}`` on stdout, like ``kv serve``) with a consumer in
-    its own process, as an engine that embeds it has: it reads every announced transfer
-    (:func:`read_announced`), keeping nothing past each segment."""
-
-    async def serve() -> None:
-        server = ReceiverServer("127.0.0.1:0", ReceiverOptions(bulk=True), INSECURE)
-        print(json.dumps({"port": await server.start()}), flush=True)
-
-        async def read_all(transfer_id: str) -> int:
-            async with await server.open(transfer_id, 600.0) as reader:
-                return await byte_count(reader)
-
-        await read_announced(read_all)
-        await server.stop(1)
-
-    asyncio.run(serve())
-    return 0
-
-
-def consumer_main(argv: list[str]) -> int:
-    """``python -m bench.kv consumer SOCKET``: an engine in another process than its receiver
-    sidecar (``kv serve --local-socket SOCKET``), reading every announced transfer through
-    the local socket (:func:`read_announced`)."""
-    (socket_path,) = argv
-
-    async def read_all(transfer_id: str) -> int:
-        async with consume(socket_path, transfer_id, 600.0) as reader:
-            return await byte_count(reader)
-
-    asyncio.run(read_announced(read_all))
-    return 0
 
 
 # -- shaped links ------------------------------------------------------------------------
@@ -318,224 +165,6 @@ def first_layer(net: Any, target: str, socket_path: Path) -> dict[str, Any]:
 
 
 # -- unshaped loopback -------------------------------------------------------------------
-def cpu_self() -> float:
-    """CPU seconds of this process so far (every thread)."""
-    return time.process_time()
-
-
-def cpu_of(pid: int) -> float:
-    """CPU seconds (user + system, every thread) of another process so far; Linux /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def tcp_baseline(
-    total: int, connections: int, data: bytes, checked: bool = False
-) -> tuple[float, dict[str, float]]:
-    """MB/s of plain TCP sockets over loopback: a sink thread per connection (here a child
-    process, like the KV receiver) reading into one reused buffer, and ``connections``
-    sending threads writing ``data`` (the very buffer the KV link sends, again and again)
-    in 4 MiB slices, like the link's chunks; and the CPU seconds each side spent (the sink
-    reports its own, from its first accept).
-
-    ``checked``: plain TCP plus what any verified link does per chunk, with nothing else (no
-    protocol, window, event loop or Python on the byte path): the sender computes the slice's
-    xxh3 and writes it with the length in a 16-byte prefix, the sink verifies it and answers
-    an 8-byte acknowledgement, which a reader thread per connection collects. The reference
-    for what verification alone costs on this machine (not a proven floor: acknowledgements
-    could be coalesced, for one)."""
-    sink = subprocess.Popen(
-        [sys.executable, "-c", SINK, str(connections), "checked" if checked else "plain"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert sink.stdout is not None
-    port = int(sink.stdout.readline())
-    view = memoryview(data)
-    per = total // connections
-    failures: list[BaseException] = []
-
-    def push() -> None:
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            slices = [
-                view[start : start + SLICE]
-                for start in (sent % len(view) for sent in range(0, per, SLICE))
-            ]
-            reader = None
-            if checked:
-                reader = threading.Thread(target=collect_acks, args=(sock, len(slices)))
-                reader.start()
-            for block in slices:
-                if checked:
-                    parts = [
-                        CHECKED_PREFIX.pack(len(block), xxhash.xxh3_64_intdigest(block)),
-                        block,
-                    ]
-                    for rest in unsent(parts, sock.sendmsg(parts)):
-                        sock.sendall(rest)
-                else:
-                    sock.sendall(block)
-            if reader is not None:
-                reader.join()
-
-    def collect_acks(sock: socket.socket, count: int) -> None:
-        try:
-            got = b""
-            while count:
-                data = sock.recv(65536)
-                if not data:
-                    raise RuntimeError("checked TCP sink closed before acknowledging")
-                got += data
-                whole = len(got) // 8 * 8
-                for (value,) in struct.iter_unpack("<q", got[:whole]):
-                    if value < 0:
-                        raise RuntimeError("checked TCP sink found a corrupt slice")
-                    count -= 1
-                got = got[whole:]
-        except BaseException as exc:  # re-raised by the caller
-            failures.append(exc)
-
-    start = time.perf_counter()
-    cpu = cpu_self()
-    threads = [threading.Thread(target=push) for _ in range(connections)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    sender_cpu = cpu_self() - cpu
-    receiver_cpu = float(sink.stdout.readline())
-    sink.wait(timeout=60)
-    if failures:
-        raise failures[0]
-    rate = total / (time.perf_counter() - start) / 1e6
-    return rate, {"sender": sender_cpu, "receiver": receiver_cpu}
-
-
-SLICE = 4 * MIB
-CHECKED_PREFIX = struct.Struct("<QQ")  # slice length, xxh3-64
-SINK = """
-import socket, struct, sys, threading, time, xxhash
-n, checked = int(sys.argv[1]), sys.argv[2] == "checked"
-srv = socket.socket(); srv.bind(("127.0.0.1", 0)); srv.listen(n)
-print(srv.getsockname()[1], flush=True)
-def fill(c, view):
-    got = 0
-    while got < len(view):
-        k = c.recv_into(view[got:])
-        if not k:
-            return got
-        got += k
-    return got
-def drain(c):
-    buf = bytearray(4 << 20)
-    if not checked:
-        while c.recv_into(buf):
-            pass
-        return
-    prefix, view, seq = bytearray(16), memoryview(buf), 0
-    while fill(c, memoryview(prefix)) == 16:
-        length, digest = struct.unpack("<QQ", prefix)
-        fill(c, view[:length])
-        ok = xxhash.xxh3_64_intdigest(view[:length]) == digest
-        c.sendall(struct.pack("<q", seq if ok else -1))
-        seq += 1
-threads = []
-cpu = None
-for _ in range(n):
-    c, _ = srv.accept(); cpu = cpu if cpu is not None else time.process_time()
-    t = threading.Thread(target=drain, args=(c,)); t.start(); threads.append(t)
-for t in threads: t.join()
-print(time.process_time() - cpu, flush=True)
-"""
-
-
-GRPC_SINK = """
-import asyncio, sys, time, grpc
-cpu = []
-async def main():
-    async def sink(requests, context):
-        cpu.append(time.process_time())
-        n = 0
-        async for message in requests:
-            n += len(message)
-        cpu.append(time.process_time())
-        return n.to_bytes(8, "little")
-    opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)]
-    server = grpc.aio.server(options=opts)
-    handler = grpc.stream_unary_rpc_method_handler(sink)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler("b.B", {"Sink": handler}),))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    print(port, flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-    print(max(cpu) - min(cpu), flush=True)  # first call's start to last call's end
-    await server.stop(0)
-asyncio.run(main())
-"""
-
-
-def grpcio_baseline(total: int, connections: int) -> tuple[float, dict[str, float]]:
-    """MB/s of bare grpcio over loopback, the ceiling of any link built on it: one
-    stream-unary call per connection writing 4 MiB bytes messages to a receiver (a child
-    process) that only counts them. No framing, checksums, acks or window. Also the CPU
-    seconds of each side (the sink's from its first call's start to its last call's end)."""
-    # The allocator tuning the KV link applies to itself (grpc_kv/alloc.py), given to the
-    # baseline too: without it bare grpcio page-faults every message buffer.
-    env = {
-        **os.environ,
-        "MALLOC_MMAP_THRESHOLD_": str(32 * MIB),
-        "MALLOC_TRIM_THRESHOLD_": str(256 * MIB),
-    }
-    sink = subprocess.Popen(
-        [sys.executable, "-c", GRPC_SINK],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    assert sink.stdout is not None
-    assert sink.stdin is not None
-    port = int(sink.stdout.readline())
-    block = os.urandom(4 * MIB)
-    per = total // connections
-
-    async def run() -> float:
-        import grpc
-
-        opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.use_local_subchannel_pool", 1)]
-        channels = [
-            grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=opts) for _ in range(connections)
-        ]
-
-        async def one(channel: Any) -> None:
-            call = channel.stream_unary("/b.B/Sink")()
-            sent = 0
-            while sent < per:
-                await call.write(block)
-                sent += len(block)
-            await call.done_writing()
-            await call
-
-        start = time.perf_counter()
-        cpu = cpu_self()
-        await asyncio.gather(*(one(c) for c in channels))
-        seconds = time.perf_counter() - start
-        sender_cpu = cpu_self() - cpu
-        await asyncio.gather(*(c.close() for c in channels))
-        return total / seconds / 1e6, sender_cpu
-
-    tune_allocator()  # this process: the KV sender's tuning, whichever runs first
-    try:
-        rate, sender_cpu = RUNNER.run(run())
-    finally:
-        sink.stdin.close()
-    receiver_cpu = float(sink.stdout.readline())
-    sink.wait(timeout=20)
-    return rate, {"sender": sender_cpu, "receiver": receiver_cpu}
-
-
 def loopback(results: dict[str, Any], quick: bool, rounds: int = 5) -> None:
     """1 GiB over loopback by plain TCP, checked TCP, bare grpcio and the KV link (gRPC and
     bulk data paths), in ``rounds`` interleaved rounds. On a shared machine one method's

@@ -1,4 +1,4 @@
-"""The loopback benchmark's reference methods (bench/kv.py): plain TCP and checked TCP;
+"""The loopback benchmark's reference methods (bench/kv_baselines.py): plain TCP and checked TCP;
 and its receiver whose consumer keeps what the link delivers.
 
 Their figures are what the KV link's goodput is judged against, so they must move every
@@ -21,18 +21,9 @@ import pytest
 import xxhash
 
 import bench.kv
-from bench.kv import (
-    CHECKED_PREFIX,
-    MIB,
-    SINK,
-    bench_child,
-    loopback_options,
-    measured_send,
-    start_receiver,
-    summary,
-    tcp_baseline,
-    verdicts,
-)
+from bench.kv import loopback_options, measured_send, start_receiver, summary, verdicts
+from bench.kv_baselines import CHECKED_PREFIX, SINK, tcp_baseline
+from bench.kv_peers import MIB, bench_child
 
 
 @pytest.mark.parametrize("checked", [False, True], ids=["plain", "checked"])
