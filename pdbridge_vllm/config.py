@@ -25,7 +25,13 @@ KEYS = (
     "lease_s",
     "link",
     "receiver",
+    "faults",
 )
+#: Per-request faults honoured when ``faults`` is on (``kv_transfer_params.pdbridge_fault`` of
+#: a prefill leg): what the verification tests and drills use to prove a damaged transfer is
+#: caught. ``zero_layer``: the first attention layer's pages sent as zeros; ``zero_state``: the
+#: first linear-state page sent as zeros; ``fingerprint``: the header names another model.
+FAULTS = ("zero_layer", "zero_state", "fingerprint")
 
 
 class ConfigError(ValueError):
@@ -52,6 +58,8 @@ class ConnectorConfig:
     lease_s: float = 60.0
     link: kv.LinkOptions = field(default_factory=kv.LinkOptions)
     receiver: kv.ReceiverOptions = field(default_factory=kv.ReceiverOptions)
+    #: Honour ``pdbridge_fault`` in requests (tests and drills only; off in production).
+    faults: bool = False
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorConfig:
@@ -75,6 +83,7 @@ class ConnectorConfig:
             "lease_s": _positive(extra.get("lease_s", 60.0), "lease_s"),
             "link": _options(kv.LinkOptions, extra.get("link", {}), "link"),
             "receiver": _options(kv.ReceiverOptions, extra.get("receiver", {}), "receiver"),
+            "faults": _bool(extra.get("faults", False), "faults"),
         }
         if values["fingerprint"] is not None and ":" not in str(values["fingerprint"]):
             raise ConfigError("kv_connector_extra_config.fingerprint: 'weights_sha256:arch_hash'")

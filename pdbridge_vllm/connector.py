@@ -45,7 +45,7 @@ from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec
 
 from grpc_kv import api as kv
 from pdbridge_vllm import stats as connector_stats
-from pdbridge_vllm.config import ConnectorConfig, model_fingerprint, parse_fingerprint
+from pdbridge_vllm.config import FAULTS, ConnectorConfig, model_fingerprint, parse_fingerprint
 from pdbridge_vllm.layout import LAYOUT_ATTR, GroupLayout, KvLayout, LayerPages, cdiv, state_kind
 from pdbridge_vllm.runtime import Incoming, Outgoing, Runtime
 
@@ -74,6 +74,7 @@ class SaveStep:
     n_tokens: int
     computed: int
     block_ids: BlockIds
+    fault: str | None = None
 
 
 @dataclass
@@ -137,6 +138,7 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
         self._out: dict[str, Outgoing] = {}
         self._next: dict[tuple[str, str], int] = {}
         self._tokens: dict[str, int] = {}
+        self._faults: dict[str, str] = {}
         self._ended: dict[str, Outgoing] = {}
         self._in: dict[str, Incoming] = {}
 
@@ -209,6 +211,15 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
         self._loading[request.request_id] = start
         params["_pdbridge_staged"] = True
 
+    def _fault(self, params: dict[str, Any]) -> str | None:
+        fault = params.get("pdbridge_fault")
+        if fault is None or not self.config.faults:
+            return None
+        if fault not in FAULTS:
+            log.warning("pdbridge_kv_fault_unknown fault=%r known=%s", fault, ",".join(FAULTS))
+            return None
+        return str(fault)
+
     def _meta(self) -> PdbridgeMetadata:
         meta = self._get_connector_metadata()
         if not isinstance(meta, PdbridgeMetadata):
@@ -243,6 +254,7 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
                         computed=request.num_computed_tokens
                         + scheduler_output.num_scheduled_tokens.get(req_id, 0),
                         block_ids=self._select(manager.get_block_ids(req_id)),
+                        fault=self._fault(params),
                     )
                 )
         now = time.monotonic()
@@ -451,10 +463,13 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
             return
         if self._fingerprint is None:
             return
+        fingerprint = self._fingerprint
+        if step.fault == "fingerprint":
+            fingerprint = kv.Fingerprint("0" * 64, fingerprint.arch_hash)
         try:
             header = kv.TransferHeader(
                 transfer_id=step.transfer_id,
-                fingerprint=self._fingerprint,
+                fingerprint=fingerprint,
                 request_id=step.request_id,
                 layers=self._layout.manifest(step.n_tokens),
                 attrs={LAYOUT_ATTR: self._layout.to_attr(step.n_tokens)},
@@ -467,6 +482,8 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
         )
         self._out[step.req_id] = Outgoing(self._runtime, step.destination, header)
         self._tokens[step.req_id] = step.n_tokens
+        if step.fault is not None:
+            self._faults[step.req_id] = step.fault
         for pages in (p for g in self._layout.groups for p in g.layers):
             self._next[(step.req_id, pages.name)] = -1
 
@@ -489,7 +506,10 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
                 out.cancel(f"blocks {start}..{ready} of {pages.name} are not held")
                 return
             tensor = self._caches[pages.layer][pages.tensor]
-            out.send(pages.name, _page_bytes(tensor, ids), final=ready == positions.stop)
+            data = _page_bytes(tensor, ids)
+            if self._faults.get(req_id) == "zero_layer" and pages is self._layout.first_attention():
+                data = bytes(len(data))
+            out.send(pages.name, data, final=ready == positions.stop)
             self._next[key] = ready
 
     def _end(self, end: SaveEnd) -> None:
@@ -506,6 +526,9 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
             for k in keys:
                 del self._next[k]
             return
+        first_state = next(
+            (p for g in self._layout.groups if g.kind == "state" for p in g.layers), None
+        )
         if not end.ok:
             out.cancel("the request was aborted")
         else:
@@ -520,11 +543,15 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
                     break
                 for pages in group.layers:
                     tensor = self._caches[pages.layer][pages.tensor]
-                    out.send(pages.name, _page_bytes(tensor, slot), final=True)
+                    data = _page_bytes(tensor, slot)
+                    if self._faults.get(end.req_id) == "zero_state" and pages is first_state:
+                        data = bytes(len(data))
+                    out.send(pages.name, data, final=True)
             out.finish()
         for k in keys:
             del self._next[k]
         self._tokens.pop(end.req_id, None)
+        self._faults.pop(end.req_id, None)
         self._ended[end.req_id] = out
 
     def _start_load(self, load: LoadStart) -> None:

@@ -90,6 +90,9 @@ class KvLayout:
                 return index
         return None
 
+    def first_attention(self) -> LayerPages | None:
+        return next((p for g in self.groups if g.kind != "state" for p in g.layers), None)
+
     def manifest(self, n_tokens: int) -> tuple[LayerSpec, ...]:
         specs = []
         for group in self.groups:

@@ -36,6 +36,9 @@ class Stats:
     transfers_failed: int = 0
     bytes_raw: int = 0
     bytes_wire: int = 0
+    retransmits: int = 0
+    resumes: int = 0
+    checksum_failures: int = 0
     transfer_seconds: list[float] = field(default_factory=list)
     loads: int = 0
     loads_failed: int = 0
@@ -48,6 +51,9 @@ class Stats:
             "transfers_failed": self.transfers_failed,
             "bytes_raw": self.bytes_raw,
             "bytes_wire": self.bytes_wire,
+            "retransmits": self.retransmits,
+            "resumes": self.resumes,
+            "checksum_failures": self.checksum_failures,
             "transfer_seconds": list(self.transfer_seconds),
             "loads": self.loads,
             "loads_failed": self.loads_failed,
@@ -60,7 +66,9 @@ def failure_cause(exc: BaseException) -> str:
     """A short, stable cause for logs, metrics and ``kv_transfer_params``."""
     if isinstance(exc, kv.PeerRefused):
         return "kv_peer_refused"
-    if isinstance(exc, kv.FingerprintMismatch):
+    if isinstance(exc, kv.FingerprintMismatch) or (
+        isinstance(exc, kv.TransferRefused) and "fingerprint" in str(exc)
+    ):
         return "kv_fingerprint_mismatch"
     if isinstance(exc, (kv.TransferTimeout, TimeoutError)):
         return "kv_timeout"
@@ -207,6 +215,9 @@ class Outgoing:
                 stats.transfers += 1
                 stats.bytes_raw += summary.bytes_raw
                 stats.bytes_wire += summary.bytes_wire
+                stats.retransmits += summary.retransmits
+                stats.resumes += summary.resumes
+                stats.checksum_failures += summary.checksum_failures
                 stats.transfer_seconds.append(seconds)
             else:
                 stats.transfers_failed += 1

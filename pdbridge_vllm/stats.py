@@ -11,7 +11,17 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorStats,
 )
 
-_COUNTS = ("transfers", "transfers_failed", "bytes_raw", "bytes_wire", "loads", "loads_failed")
+_COUNTS = (
+    "transfers",
+    "transfers_failed",
+    "bytes_raw",
+    "bytes_wire",
+    "retransmits",
+    "resumes",
+    "checksum_failures",
+    "loads",
+    "loads_failed",
+)
 _SERIES = ("transfer_seconds", "load_wait_seconds")
 
 
@@ -78,6 +88,9 @@ class PdbridgePromMetrics(KVConnectorPromMetrics):
                 ("transfers_failed", "KV transfers that failed (prefill role)."),
                 ("bytes_raw", "Raw KV bytes of acknowledged transfers."),
                 ("bytes_wire", "Bytes on the wire of acknowledged transfers (after compression)."),
+                ("retransmits", "Chunks sent again (corrupt in flight, lost in a cut)."),
+                ("resumes", "Transfers resumed after a reconnect."),
+                ("checksum_failures", "Chunks the receiver found damaged (each was re-sent)."),
                 ("loads", "KV loads completed into paged blocks (decode role)."),
                 ("loads_failed", "KV loads that failed, timed out or were refused (decode role)."),
             )

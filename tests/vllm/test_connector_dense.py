@@ -1,0 +1,218 @@
+"""pdbridge's connector between two real vLLM processes (tiny Qwen3, dense attention, fp32),
+over mTLS grpc_kv on loopback: token ids and top-5 logprobs equal a local run, every remote
+run provably loaded its KV over the link, and damaged, cut, late, refused or orphaned
+transfers end within their deadline without a wrong token."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from grpc_kv.faultproxy import Bandwidth, FaultProxy, Flip
+from tests.vllm.conftest import Pair, metric_sum, metrics, prompt_of, tokens_and_top5
+
+ARCH = "qwen3"
+BLOCK = 128  # vLLM's CPU block size
+
+
+def external_tokens(pair: Pair) -> float:
+    return metric_sum(
+        metrics(pair.consumer.url),
+        "vllm:prompt_tokens_by_source_total",
+        source="external_kv_transfer",
+    )
+
+
+def connector_count(url: str, name: str) -> float:
+    return metric_sum(metrics(url), f"vllm:pdbridge_kv_{name}_total")
+
+
+def assert_same(local: dict[str, Any], remote: dict[str, Any]) -> None:
+    local_tokens, local_top = tokens_and_top5(local)
+    remote_tokens, remote_top = tokens_and_top5(remote)
+    assert remote_tokens == local_tokens
+    assert remote_top == local_top
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens", [2 * BLOCK, 2 * BLOCK + 45, 1000])
+def test_remote_prefill_equals_local_tokens_and_top5(pair: Pair, tokens: int) -> None:
+    prompt = prompt_of(tokens)
+    local = pair.local(prompt)
+    n = local["usage"]["prompt_tokens"]
+    assert n == tokens
+    before = external_tokens(pair)
+    loads = connector_count(pair.consumer.url, "loads")
+    remote, prefill, _ = pair.remote(prompt)
+    assert prefill is not None
+    assert prefill[0] == 200
+    assert prefill[1]["kv_transfer_params"]["kv_connector"] == "pdbridge"
+    assert_same(local, remote)
+    # The decode engine loaded the whole prompt over the link (it computes nothing of it
+    # but the last token again, which vLLM always does on a full hit).
+    assert external_tokens(pair) - before == n
+    assert connector_count(pair.consumer.url, "loads") == loads + 1
+
+
+@pytest.mark.slow
+def test_a_zeroed_layer_is_a_mismatch(pair: Pair) -> None:
+    """The mutation test: the same path with one attention layer's pages zeroed changes the
+    output, so equality above is evidence, not luck."""
+    prompt = prompt_of(300)
+    local = pair.local(prompt)
+    remote, _, _ = pair.remote(prompt, fault="zero_layer")
+    assert tokens_and_top5(remote) != tokens_and_top5(local)
+
+
+@pytest.mark.slow
+def test_fingerprint_mismatch_is_refused_before_any_block_and_recomputed(pair: Pair) -> None:
+    prompt = prompt_of(300)
+    local = pair.local(prompt)
+    failed = connector_count(pair.consumer.url, "loads_failed")
+    before = external_tokens(pair)
+    remote, _, _ = pair.remote(prompt, fault="fingerprint")
+    assert_same(local, remote)  # recomputed locally: right tokens, nothing loaded
+    assert external_tokens(pair) == before
+    assert connector_count(pair.consumer.url, "loads_failed") == failed + 1
+    assert "kv_fingerprint_mismatch" in pair.consumer.log_text()
+
+
+@pytest.mark.slow
+def test_receiver_never_reached_answers_within_the_deadline(pair: Pair) -> None:
+    """No prefill at all (the KV never comes): the decode request is not left waiting, it is
+    recomputed locally once its deadline passes."""
+    prompt = prompt_of(300)
+    local = pair.local(prompt)
+    remote, _, seconds = pair.remote(prompt, deadline_s=3.0, prefill=False)
+    assert_same(local, remote)
+    assert seconds < 3.0 + 30.0  # the deadline plus a local prefill on a busy host
+    assert "kv_timeout" in pair.consumer.log_text()
+
+
+class _ProxyThread:
+    """A grpc_kv FaultProxy in front of the decode engine's receiver, on its own loop."""
+
+    def __init__(self, upstream: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.proxy = FaultProxy(upstream)
+        self.port = self.call(self.proxy.start())
+
+    def call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
+
+    def run(self, fn: Any, *args: Any) -> Any:
+        async def wrap() -> Any:
+            return fn(*args)
+
+        return self.call(wrap())
+
+    def close(self) -> None:
+        self.call(self.proxy.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture
+def proxy(pair: Pair) -> Iterator[_ProxyThread]:
+    p = _ProxyThread(pair.kv_destination)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+@pytest.mark.slow
+def test_corrupted_chunks_are_resent_never_imported(pair: Pair, proxy: _ProxyThread) -> None:
+    prompt = prompt_of(1000)
+    local = pair.local(prompt)
+    resent = connector_count(pair.producer.url, "retransmits") + connector_count(
+        pair.producer.url, "resumes"
+    )
+    loaded = external_tokens(pair)
+    # Flip two bytes inside the first chunks, client -> receiver. Under mTLS the record's MAC
+    # catches them (the connection drops and the chunk goes again on a new one); without TLS
+    # the chunk checksum would: either way nothing damaged is imported.
+    flip = Flip(direction="upstream", offsets=(40_000, 300_000), limit=2)
+    proxy.run(proxy.proxy.add, flip)
+    remote, _, _ = pair.remote(prompt, destination=f"127.0.0.1:{proxy.port}")
+    assert_same(local, remote)
+    assert proxy.run(lambda: proxy.proxy.flips) >= 1
+    assert external_tokens(pair) > loaded  # loaded over the link, not recomputed
+    # The damaged connection's chunks went again: on another connection (a resume) or the
+    # same one (a retransmit).
+    again = connector_count(pair.producer.url, "retransmits") + connector_count(
+        pair.producer.url, "resumes"
+    )
+    assert again > resent
+
+
+@pytest.mark.slow
+def test_link_cut_mid_transfer_resumes_with_the_same_tokens(
+    pair: Pair, proxy: _ProxyThread
+) -> None:
+    prompt = prompt_of(1000)
+    local = pair.local(prompt)
+    resumes = connector_count(pair.producer.url, "resumes")
+    loaded = external_tokens(pair)
+    # ~2 MB of KV at 2 Mbit/s: the transfer runs for seconds, the cut lands inside it.
+    proxy.run(proxy.proxy.add, Bandwidth(direction="upstream", bytes_per_s=250_000))
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        done["answer"] = pair.remote(prompt, destination=f"127.0.0.1:{proxy.port}")[0]
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while proxy.run(lambda: proxy.proxy.stats.bytes_upstream) < 300_000:
+        assert time.monotonic() < deadline, "the transfer never started through the proxy"
+        time.sleep(0.05)
+    proxy.run(proxy.proxy.cut, "reset")
+    time.sleep(0.5)  # the cut itself: the sender must notice and reconnect
+    proxy.run(proxy.proxy.restore)
+    thread.join(timeout=300)
+    assert_same(local, done["answer"])
+    assert external_tokens(pair) > loaded  # loaded over the link, not recomputed
+    assert connector_count(pair.producer.url, "resumes") > resumes
+
+
+@pytest.mark.slow
+def test_prefill_killed_mid_transfer_frees_decode_within_the_deadline(pair: Pair) -> None:
+    """kill -9 of the prefill vLLM while its transfer runs: the decode request ends within
+    its deadline (recomputed locally), and the decode engine's KV usage returns to idle (no
+    leaked blocks). Last in this module: the producer does not survive it (a pair start costs
+    a minute, so the module's pair is reused rather than a new one started)."""
+    proxy = _ProxyThread(pair.kv_destination)
+    try:
+        prompt = prompt_of(1000)
+        local = pair.local(prompt)
+        proxy.run(proxy.proxy.add, Bandwidth(direction="upstream", bytes_per_s=125_000))
+        done: dict[str, Any] = {}
+
+        def run() -> None:
+            answer, _, seconds = pair.remote(
+                prompt, destination=f"127.0.0.1:{proxy.port}", deadline_s=20.0
+            )
+            done.update(answer=answer, seconds=seconds)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 120
+        while proxy.run(lambda: proxy.proxy.stats.bytes_upstream) < 200_000:
+            assert time.monotonic() < deadline, "the transfer never started"
+            time.sleep(0.05)
+        pair.producer.stop(kill=True)
+        thread.join(timeout=300)
+        assert_same(local, done["answer"])
+        assert done["seconds"] < 20.0 + 60.0
+        usage = metric_sum(metrics(pair.consumer.url), "vllm:kv_cache_usage_perc")
+        assert usage == 0.0
+    finally:
+        proxy.close()

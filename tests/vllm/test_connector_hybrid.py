@@ -1,0 +1,65 @@
+"""pdbridge's connector on hybrid models between two real vLLM processes: Gemma-3 (five
+sliding-window layers of 64 tokens and one full-attention layer: only the blocks inside the
+window travel) and Qwen3-Next (three Gated DeltaNet layers, whose conv and recurrent state
+slots travel, and one full-attention layer; bf16). Token ids and top-5 logprobs equal a local
+run at lengths that are and are not multiples of the block size, and a zeroed layer or state
+slot is caught as a mismatch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.vllm.conftest import Pair, metric_sum, metrics, prompt_of, start_pair, tokens_and_top5
+
+# Gemma-3's CPU block is 128 tokens; Qwen3-Next's full-attention block is 384, and it prefills
+# N-1 tokens remotely (decode computes the last on top of h(N-1)).
+CASES = {
+    "gemma3": {"lengths": [256, 300, 700], "mutation": "zero_layer"},
+    "qwen3-next": {"lengths": [385, 500, 1000], "mutation": "zero_state"},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def hybrid(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Pair]]:
+    arch = request.param
+    started = start_pair(arch, tmp_path_factory.mktemp(f"vllm-{arch}"))
+    try:
+        yield arch, started
+    finally:
+        started.producer.stop()
+        started.consumer.stop()
+
+
+def _external(pair: Pair) -> float:
+    return metric_sum(
+        metrics(pair.consumer.url),
+        "vllm:prompt_tokens_by_source_total",
+        source="external_kv_transfer",
+    )
+
+
+@pytest.mark.slow
+def test_hybrid_remote_prefill_equals_local_and_a_mutation_is_caught(
+    hybrid: tuple[str, Pair],
+) -> None:
+    arch, pair = hybrid
+    for tokens in CASES[arch]["lengths"]:
+        prompt = prompt_of(tokens)
+        local = pair.local(prompt)
+        n = local["usage"]["prompt_tokens"]
+        before = _external(pair)
+        remote, prefill, _ = pair.remote(prompt)
+        assert prefill is not None
+        assert prefill[0] == 200, prefill
+        assert tokens_and_top5(remote) == tokens_and_top5(local), (arch, n)
+        loaded = _external(pair) - before
+        expected = n - 1 if arch == "qwen3-next" else n
+        assert loaded == expected, (arch, n, loaded)
+    prompt = prompt_of(CASES[arch]["lengths"][-1])
+    local = pair.local(prompt)
+    damaged, _, _ = pair.remote(prompt, fault=CASES[arch]["mutation"])
+    assert tokens_and_top5(damaged) != tokens_and_top5(local), arch
