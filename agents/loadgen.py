@@ -33,6 +33,7 @@ from typing import IO, Any
 import aiohttp
 
 from agents.engines.verify import make_prompt
+from pdproto.http import PATH_HEADER
 from pdproto.loadmix import DEFAULT_MIX_TEXT, Component, parse_mix
 
 #: outcome of one request: ``ok``; ``http_error`` (status not 200); ``stream_error`` (an error
@@ -164,7 +165,7 @@ async def send_one(
     t0 = time.monotonic()
     try:
         async with session.post(profile.url + "/v1/completions", json=body) as resp:
-            rec.status, rec.path = resp.status, resp.headers.get("x-pdbridge-path", "")
+            rec.status, rec.path = resp.status, resp.headers.get(PATH_HEADER, "")
             if resp.status != 200:
                 rec.outcome, rec.error = "http_error", (await resp.text())[:300]
             elif profile.stream:

@@ -32,6 +32,7 @@ from django.conf import settings
 
 from agents.client import AgentClient
 from orchestrator.agentops import controller_tls
+from pdproto.http import PATH_HEADER
 
 T = TypeVar("T")
 
@@ -124,11 +125,11 @@ def post_json(url: str, body: dict[str, Any], timeout_s: float = 120.0) -> tuple
         ) as response:
             return (
                 response.status,
-                response.headers.get("x-pdbridge-path", ""),
+                response.headers.get(PATH_HEADER, ""),
                 json.loads(response.read()),
             )
     except urllib.error.HTTPError as exc:
-        return exc.code, exc.headers.get("x-pdbridge-path", ""), exc.read().decode()[:500]
+        return exc.code, exc.headers.get(PATH_HEADER, ""), exc.read().decode()[:500]
 
 
 def run_dir(run_id: int) -> Path:
