@@ -50,14 +50,20 @@ async def _sse(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def _upstream_main() -> None:
+async def _serve_completions(handler: Any) -> None:
+    """Serve ``POST /v1/completions`` with ``handler`` on an ephemeral loopback port, print
+    the ready line (``port`` and the event loop) and serve until killed."""
     app = web.Application()
-    app.router.add_post("/v1/completions", _sse)
+    app.router.add_post("/v1/completions", handler)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0, backlog=2048).start()
     print(json.dumps({"port": runner.addresses[0][1], "loop": _loop_name()}), flush=True)
     await asyncio.Event().wait()
+
+
+async def _upstream_main() -> None:
+    await _serve_completions(_sse)
 
 
 def _loop_name() -> str:
@@ -90,13 +96,7 @@ async def _bare_proxy_main(upstream: str) -> None:
             await response.write_eof()
             return response
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0, backlog=2048).start()
-    print(json.dumps({"port": runner.addresses[0][1], "loop": _loop_name()}), flush=True)
-    await asyncio.Event().wait()
+    await _serve_completions(handle)
 
 
 def _spawn(args: list[str], ready: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
