@@ -449,6 +449,10 @@ class Transfer(ChunkStreams):
         if self._done:
             return
         self._done = True
+        if isinstance(self._error, TransferTimeout):
+            # The deadline, whatever the producer calls its exit: the receiver's consumer
+            # then hears a deadline (its engine answers kv_timeout), not a bare cancel.
+            reason = str(self._error)
         self._fail(TransferError(reason))
         await self._stop_workers()
         if not self._active:  # never begun: nothing to free on the receiver

@@ -200,8 +200,20 @@ def engine_launch_settings(target: Target, config: dict[str, Any]) -> tuple[str,
     if target.role == "decode":
         listen = s.get("kv_listen") or f"{launch['host']}:{_port(s, 'kv_port', DEFAULT_KV_PORT)}"
         args += ["--kv-listen", str(listen)]
-    args += ["--kv-compression", str(config["kv_transfer"]["compression"])]
-    if not config["kv_transfer"]["checksum"]:
+    kvt = config["kv_transfer"]
+    # The deployment's link settings, not the engine's defaults: a prefill engine on grpc_kv's
+    # 4 s deadline gives up on a transfer the deployment allows 15 s for.
+    args += [
+        "--kv-compression",
+        str(kvt["compression"]),
+        "--kv-timeout-ms",
+        str(int(kvt["timeout_ms"])),
+        "--kv-retry",
+        str(int(kvt["retry"])),
+        "--kv-chunk-size-mb",
+        str(float(kvt["chunk_size_mb"])),
+    ]
+    if not kvt["checksum"]:
         args.append("--no-verify-kv-digests")
     tls = s.get("kv_tls")
     if tls:

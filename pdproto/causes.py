@@ -21,8 +21,10 @@ PREFILL_TIMEOUT = "prefill_timeout"
 KV_TRANSFER = "kv_transfer"
 #: The decode leg failed for another reason before the first token.
 DECODE_ERROR = "decode_error"
-# KV_TIMEOUT (the engine's code, imported above) is a cause too: the decode leg sent no first
-# byte within the deployment's KV deadline plus the gateway's grace.
+# KV_TIMEOUT (the engine's code, imported above) is a cause too: the KV missed the
+# deployment's deadline -- the prefill engine's send or the decode engine's wait said so
+# (their 503 ``kv_timeout``), or the decode leg sent no first byte within the deadline plus
+# the gateway's grace. A deadline, never counted as damaged KV (``kv_transfer``).
 
 #: Every cause, in the order the metrics and the docs list them.
 FALLBACK_CAUSES = (

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from grpc_kv.api import LinkPool
 
 log = logging.getLogger("pdbridge.engines.cli")
+MIB = 1 << 20
 
 
 def _parse_model(spec: str, default_dtype: str) -> tuple[str, str, str]:
@@ -117,6 +118,26 @@ def _serve_parser() -> argparse.ArgumentParser:
         help="TCP connections per KV link (grpc_kv default)",
     )
     p.add_argument(
+        "--kv-timeout-ms",
+        type=int,
+        default=None,
+        help="deadline of each KV send, open to the receiver's confirmation (a deployment's "
+        "kv_transfer.timeout_ms; grpc_kv default 4000)",
+    )
+    p.add_argument(
+        "--kv-retry",
+        type=int,
+        default=None,
+        help="attempts per chunk after its first send (a deployment's kv_transfer.retry; "
+        "grpc_kv default 3)",
+    )
+    p.add_argument(
+        "--kv-chunk-size-mb",
+        type=float,
+        default=None,
+        help="MiB per KV chunk (a deployment's kv_transfer.chunk_size_mb; grpc_kv default 4)",
+    )
+    p.add_argument(
         "--kv-checksum",
         default=None,
         choices=("xxh3", "crc32c", "none"),
@@ -163,7 +184,9 @@ def api_key(args: argparse.Namespace) -> str | None:
 
 
 def link_options(args: argparse.Namespace) -> Any:
-    """The grpc_kv ``LinkOptions`` of this engine's sends. ``--no-verify-kv-digests`` (what a
+    """The grpc_kv ``LinkOptions`` of this engine's sends: the deployment's deadline, retries,
+    chunk size and codec (``--kv-timeout-ms``, ``--kv-retry``, ``--kv-chunk-size-mb``,
+    ``--kv-compression``; grpc_kv's defaults where absent). ``--no-verify-kv-digests`` (what a
     deployment's ``checksum=false`` becomes) also turns the link's per-chunk checksums off,
     so nothing on the path verifies the KV bytes. Raises ValueError naming the option."""
     from grpc_kv import api as kv
@@ -179,6 +202,19 @@ def link_options(args: argparse.Namespace) -> Any:
     }
     if args.kv_connections is not None:
         link["connections"] = args.kv_connections
+    if args.kv_timeout_ms is not None:
+        if args.kv_timeout_ms < 1:
+            raise ValueError(f"--kv-timeout-ms: must be >= 1, got {args.kv_timeout_ms}")
+        link["timeout_ms"] = args.kv_timeout_ms
+    if args.kv_retry is not None:
+        if args.kv_retry < 0:
+            raise ValueError(f"--kv-retry: must be >= 0, got {args.kv_retry}")
+        link["retry"] = args.kv_retry
+    if args.kv_chunk_size_mb is not None:
+        chunk = int(args.kv_chunk_size_mb * MIB)
+        if chunk < 1:
+            raise ValueError(f"--kv-chunk-size-mb: must be > 0, got {args.kv_chunk_size_mb}")
+        link["chunk_size_bytes"] = chunk
     return kv.LinkOptions(**link)
 
 
@@ -282,6 +318,7 @@ async def start_serving(
     open_sender: SenderFactory = open_spool_sender
     links: LinkPool | None = None
     kv_checksum: str | None = None  # the grpc_kv link's per-chunk checksum, when it is used
+    kv_link: dict[str, int] | None = None  # the sends' deadline, retries and chunk size
     kv_tls_given = args.kv_insecure or args.kv_tls_cert
     if kv_tls_given or args.kv_listen:
         from agents.engines.reference.grpc_link import (
@@ -302,6 +339,11 @@ async def start_serving(
             )
             options = link_options(args)
             kv_checksum = options.checksum.value
+            kv_link = {
+                "timeout_ms": options.timeout_ms,
+                "retry": options.retry,
+                "chunk_size_bytes": options.chunk_size_bytes,
+            }
         except ValueError as exc:
             raise ServeError(f"pdbridge engine serve: {exc}") from exc
         if args.kv_listen:
@@ -348,6 +390,8 @@ async def start_serving(
         "kv_listen": getattr(receiver, "address", None),
         # "none" is the diagnostic mode (--no-verify-kv-digests): say so where operators look.
         "kv_checksum": kv_checksum,
+        # What the deployment's kv_transfer settings became (None without a grpc_kv link).
+        "kv_link": kv_link,
     }
     return Serving(ready, runner, links)
 

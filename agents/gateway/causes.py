@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from agents.gateway.upstream import LegError
-from pdproto.kv import KV_IMPORT_REFUSED, KV_PEER_REFUSED
+from pdproto.kv import KV_IMPORT_REFUSED, KV_PEER_REFUSED, KV_TIMEOUT
 
 
 def _json(text: str) -> Any:
@@ -32,17 +32,26 @@ def error_code(error: BaseException) -> str | None:
 
 def kv_cause(error: BaseException) -> str | None:
     """The fallback cause of a decode leg that failed naming the KV (None when it did not):
-    ``kv_import_refused`` when the engine refused the transfer's manifest (its error code
-    says so), else ``kv_transfer``."""
+    ``kv_import_refused`` when the engine refused the transfer's manifest, ``kv_timeout``
+    when the KV missed its deadline (the engine's error code says which), else
+    ``kv_transfer`` (rejected, failed verification, lost)."""
     if not (isinstance(error, LegError) and "kv" in error.detail.lower()):
         return None
-    return KV_IMPORT_REFUSED if error_code(error) == KV_IMPORT_REFUSED else "kv_transfer"
+    code = error_code(error)
+    if code in (KV_IMPORT_REFUSED, KV_TIMEOUT):
+        return code
+    return "kv_transfer"
 
 
 def prefill_cause(error: BaseException) -> str:
-    """The fallback cause of a failed prefill leg: ``prefill_timeout``, ``kv_peer_refused``
-    (the decode site's KV receiver refused the prefill engine: TLS or allowlist, named in
-    the engine's error) or ``prefill_error``."""
+    """The fallback cause of a failed prefill leg: ``prefill_timeout`` (the gateway's own
+    wait ran out), ``kv_peer_refused`` (the decode site's KV receiver refused the prefill
+    engine: TLS or allowlist, named in the engine's error), ``kv_timeout`` (the engine's send
+    missed the deployment's KV deadline: a slow link or prefill, not damaged KV) or
+    ``prefill_error``."""
     if isinstance(error, LegError) and error.cause == "timeout":
         return "prefill_timeout"
-    return KV_PEER_REFUSED if error_code(error) == KV_PEER_REFUSED else "prefill_error"
+    code = error_code(error)
+    if code in (KV_PEER_REFUSED, KV_TIMEOUT):
+        return code
+    return "prefill_error"

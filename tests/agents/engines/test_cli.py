@@ -43,3 +43,22 @@ def test_unknown_kv_checksum_is_a_usage_error():
         _serve_parser().parse_args([*BASE, "--kv-checksum", "md5"])
 
     assert exc.value.code == 2
+
+
+def test_the_deployments_deadline_retries_and_chunk_size_become_the_sends_options():
+    """What ``orchestrator.agentops`` passes from ``kv_transfer`` (timeout_ms, retry,
+    chunk_size_mb) is what the engine's link uses; grpc_kv's defaults only when absent."""
+    opts = options("--kv-timeout-ms", "15000", "--kv-retry", "0", "--kv-chunk-size-mb", "0.5")
+    defaults = options()
+
+    assert (opts.timeout_ms, opts.retry, opts.chunk_size_bytes) == (15000, 0, 512 * 1024)
+    assert (defaults.timeout_ms, defaults.retry, defaults.chunk_size_bytes) == (4000, 3, 4 << 20)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--kv-timeout-ms", "0"), ("--kv-retry", "-1"), ("--kv-chunk-size-mb", "0")],
+)
+def test_an_out_of_range_link_setting_is_refused_naming_the_option(flag, value):
+    with pytest.raises(ValueError, match=f"^{flag}: must be"):
+        options(flag, value)

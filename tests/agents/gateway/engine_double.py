@@ -7,7 +7,7 @@ It is a real aiohttp server on loopback speaking the same HTTP surface the gatew
 push-mode ``kv_transfer_params`` convention: a prefill leg (``do_remote_decode``) deposits the
 "KV" for its ``transfer_id`` in a store shared by the doubles of one test; a decode leg
 (``do_remote_prefill``) waits for it up to ``kv_timeout_s`` and answers 503 with the code
-``kv_transfer_timeout`` when it does not come. Pull mode (vLLM's built-in connectors): a
+``kv_timeout`` (as a real engine) when it does not come. Pull mode (vLLM's built-in connectors): a
 prefill leg without a ``transfer_id`` deposits the KV under a handle of its own and answers
 ``kv_transfer_params`` naming it (``remote_request_id``, with NixlConnector-like fields); a
 decode leg finds the KV by that handle. Output tokens are a deterministic function of
@@ -179,8 +179,8 @@ class EngineDouble:
                 await asyncio.wait_for(self.kv.event(handle).wait(), self.kv_timeout_s)
             except TimeoutError:
                 return web.json_response(
-                    {"error": {"message": "the KV did not arrive in time", "type": "server_error",
-                               "code": "kv_transfer_timeout"}},
+                    {"error": {"message": "the KV did not arrive in time",
+                               "type": "kv_transfer_error", "code": "kv_timeout"}},
                     status=503,
                 )  # fmt: skip
         n = body.get("max_tokens") or body.get("max_completion_tokens") or 8

@@ -211,7 +211,10 @@ def test_prefill_failure_falls_back_then_breaker_opens_and_stops_sending_remote(
     assert site["available"] is False
 
 
-def test_kv_that_never_arrives_falls_back_with_kv_cause():
+def test_kv_that_never_arrives_falls_back_as_a_deadline_not_as_damaged_kv():
+    """The decode engine's 503 ``kv_timeout`` (it waited the deployment's deadline) is the
+    cause ``kv_timeout``, never ``kv_transfer`` (rejected or corrupt KV)."""
+
     async def scenario():
         async with gateway_env(kv_timeout_s=0.3) as env:
             env.prefill.drop_kv = True
@@ -222,7 +225,26 @@ def test_kv_that_never_arrives_falls_back_with_kv_cause():
 
     assert (status, headers["x-pdbridge-path"]) == (200, "fallback")
     assert body.endswith(b"data: [DONE]\n\n")
-    assert 'pdbridge_gateway_fallbacks_total{cause="kv_transfer"} 1.0' in metrics
+    assert 'pdbridge_gateway_fallbacks_total{cause="kv_timeout"} 1.0' in metrics
+    assert 'pdbridge_gateway_fallbacks_total{cause="kv_transfer"} 0.0' in metrics
+
+
+def test_a_prefill_engine_whose_send_missed_the_kv_deadline_falls_back_as_a_deadline():
+    """The prefill engine's 503 ``kv_timeout`` (its send ran past ``kv_transfer.timeout_ms``)
+    is the cause ``kv_timeout``, not a prefill error and not damaged KV."""
+
+    async def scenario():
+        async with gateway_env() as env:
+            env.prefill.fail_status = 503
+            env.prefill.fail_code = "kv_timeout"
+            return await env.post(completion(LONG)), await env.metrics()
+
+    (status, headers, _), metrics = run(scenario())
+
+    assert (status, headers["x-pdbridge-path"]) == (200, "fallback")
+    assert 'pdbridge_gateway_fallbacks_total{cause="kv_timeout"} 1.0' in metrics
+    assert 'pdbridge_gateway_fallbacks_total{cause="kv_transfer"} 0.0' in metrics
+    assert 'pdbridge_gateway_fallbacks_total{cause="prefill_error"} 0.0' in metrics
 
 
 def test_slow_prefill_times_out_and_falls_back():

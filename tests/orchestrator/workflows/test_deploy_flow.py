@@ -250,7 +250,12 @@ def test_pools_become_launch_settings_with_tls_and_kv_addresses():
 
     local, remote = SiteFactory(role="decode"), SiteFactory(role="prefill")
     dep = make_deployment(
-        chunked_prefill_tokens=128, checksum=False, extra_allowed_peers=["kv-relay"]
+        chunked_prefill_tokens=128,
+        checksum=False,
+        extra_allowed_peers=["kv-relay"],
+        timeout_ms=15000,
+        retry=5,
+        chunk_size_mb=8,
     )
     tls = {"ca": "/etc/ca.pem", "cert": "/etc/n.pem", "key": "/etc/n-key.pem"}
     node = Node.objects.create(site=local, hostname="dec-1", agent_address="10.0.0.1:7070")
@@ -269,7 +274,10 @@ def test_pools_become_launch_settings_with_tls_and_kv_addresses():
     assert launch["port"] == 9000
     assert launch["chunked_prefill_tokens"] == 128
     assert launch["extra_args"] == [
-        "--kv-listen", "127.0.0.1:9100", "--kv-compression", "auto", "--no-verify-kv-digests",
+        "--kv-listen", "127.0.0.1:9100", "--kv-compression", "auto",
+        # The deployment's link settings reach the engine's sends (#19: not grpc_kv's 4 s).
+        "--kv-timeout-ms", "15000", "--kv-retry", "5", "--kv-chunk-size-mb", "8.0",
+        "--no-verify-kv-digests",
         "--kv-tls-ca", "/etc/ca.pem", "--kv-tls-cert", "/etc/n.pem", "--kv-tls-key", "/etc/n-key.pem",
         "--kv-allowed-peer", "kv-relay",
     ]  # fmt: skip
