@@ -22,6 +22,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable
@@ -46,7 +47,10 @@ def _call(fault: dict[str, Any], fn: Callable[[AgentClient], Awaitable[T]]) -> T
 
 
 def inject(fault: dict[str, Any], duration_s: float, request_id: str) -> dict[str, Any]:
-    """Inject one fault (with its expiry) through the agent; returns the agent's record."""
+    """Inject one fault (with its expiry) through the agent; returns the agent's record, with
+    the agent's address (restore and clear call the same agent). An agent that cannot act on
+    the target (nothing configured for that peer site, no privilege) raises
+    ``grpc.aio.AioRpcError`` with ``FAILED_PRECONDITION`` (see :func:`cannot_act`)."""
     answer = _call(
         fault,
         lambda agent: agent.inject_fault(
@@ -59,10 +63,22 @@ def inject(fault: dict[str, Any], duration_s: float, request_id: str) -> dict[st
         "kind": f.kind,
         "target": f.target,
         "node": fault["node"],
+        "agent": fault["agent"],
         "mechanism": f.mechanism,
         "created_at": f.created_at,
         "expires_at": f.expires_at,
     }
+
+
+def cannot_act(exc: BaseException) -> bool:
+    """Whether an injection was refused because that agent has no means to act on the target
+    (``FAILED_PRECONDITION``: no fault proxy or route for the peer site, no privilege), so
+    the fault belongs on another agent -- as opposed to a bad request or an unreachable one."""
+    import grpc
+
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() == (
+        grpc.StatusCode.FAILED_PRECONDITION
+    )
 
 
 def agent_view(fault: dict[str, Any]) -> dict[str, Any]:
@@ -173,6 +189,10 @@ def start_load(run_id: int, params: dict[str, Any], duration_s: float) -> dict[s
         proc = subprocess.Popen(  # noqa: S603 - our own CLI, argv built above
             argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True
         )
+    # Reaped when it exits, by this worker process (which started it): nobody else waits for
+    # it, and an unwaited child stays a zombie for the worker's lifetime. A worker that dies
+    # first leaves it to init (or the subreaper of ``pdbridge run``).
+    threading.Thread(target=proc.wait, name=f"reap-loadgen-{proc.pid}", daemon=True).start()
     info = {
         "pid": proc.pid,
         "started_at": time.time(),

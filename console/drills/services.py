@@ -223,8 +223,12 @@ def drill_params(drill: Drill) -> dict[str, Any]:
     host = settings.get("engine_host") or first.hostname
     gateway_scheme = "http" if django_settings.PDBRIDGE_CONTROLLER_INSECURE else "https"
     faults: list[dict[str, Any]] = []
+    alternatives: list[list[dict[str, Any]]] = []
     if drill.kind == DrillKind.LINK_CUT:
-        # The local site's agents cut their WAN path to each remote prefill site.
+        # The local site's agents cut their WAN path to each remote prefill site; where they
+        # cannot (no route, interface or fault proxy for that peer), the workflow cuts it from
+        # the other end: the prefill sites' agents towards the decode site (the testbed's
+        # fault proxy sits in front of the WAN on the remote agent).
         for node in decode.nodes.all():
             faults += [
                 {
@@ -235,6 +239,18 @@ def drill_params(drill: Drill) -> dict[str, Any]:
                 }
                 for pool in prefill
             ]
+        remote_side = [
+            {
+                "agent": node.agent_address,
+                "node": node.hostname,
+                "kind": "link_cut",
+                "target": decode.site.name,
+            }
+            for pool in prefill
+            for node in pool.nodes.all()
+        ]
+        if remote_side:
+            alternatives.append(remote_side)
     else:
         child = targets.get("prefill_child") or f"dep{deployment.pk}-prefill"
         faults = [
@@ -267,6 +283,8 @@ def drill_params(drill: Drill) -> dict[str, Any]:
         "model": targets.get("model") or deployment.model.name,
         "verify_prompts": targets.get("verify_prompts") or _remote_lengths(deployment),
         "faults": faults,
+        # Tried in order when an agent of ``faults`` cannot act on its target.
+        "fault_alternatives": alternatives,
     }
 
 

@@ -73,21 +73,65 @@ def read_records_of(load: dict[str, Any]) -> list[dict[str, Any]]:
     return read_records(Path(load["output"]))
 
 
+def _placements(p: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Where the fault may go, in order: ``faults`` (a link cut: the decode side's agents
+    towards each prefill site), then each of ``fault_alternatives`` (the prefill side's agents
+    towards the decode site: the testbed's fault proxy belongs to the remote agent)."""
+    out = [("primary", list(p["faults"]))]
+    out += [(f"a{n}", list(specs)) for n, specs in enumerate(p.get("fault_alternatives") or [])]
+    return out
+
+
+def _spec(fault: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
+    """The agent call spec of an injected fault: its own record (which names its agent), or
+    for a record from before records did, the params' fault on that node."""
+    if fault.get("agent"):
+        return {k: fault[k] for k in ("agent", "node", "kind", "target")}
+    return {f["node"]: f for f in p["faults"]}[fault["node"]]
+
+
 def inject_fault(ctx: StepContext) -> StepResult:
+    """Inject the fault on the first placement whose agents can all act on it; an agent that
+    cannot (``FAILED_PRECONDITION``: no proxy or route for that peer) moves the fault to the
+    next placement, after clearing what this one already injected."""
     p = ctx.params
     marks = drillops.run_dir(ctx.run_id) / "injected_at"
     if not marks.exists():  # the first attempt's moment survives a re-execution
         marks.write_text(repr(time.time()))
     injected_at = float(marks.read_text())
-    faults = []
-    for index, fault in enumerate(p["faults"]):
-        faults.append(
-            drillops.inject(fault, p["fault_s"], request_id=f"drill-run{ctx.run_id}-{index}")
+    refused: list[str] = []
+    for label, specs in _placements(p):
+        if not specs:
+            continue
+        faults: list[dict[str, Any]] = []
+        try:
+            for index, fault in enumerate(specs):
+                suffix = str(index) if label == "primary" else f"{label}-{index}"
+                faults.append(
+                    drillops.inject(
+                        fault, p["fault_s"], request_id=f"drill-run{ctx.run_id}-{suffix}"
+                    )
+                )
+                ctx.log(f"{fault['kind']} on {fault['node']} -> {fault['target']}")
+        except Exception as exc:
+            if not drillops.cannot_act(exc):
+                raise
+            detail = exc.details() if hasattr(exc, "details") else str(exc)
+            refused.append(f"{fault['node']} ({fault['kind']} -> {fault['target']}): {detail}")
+            ctx.log(f"{fault['node']} cannot act on {fault['target']}: {detail}")
+            for done in faults:
+                drillops.clear(_spec(done, p), done["id"])
+            continue
+        return Done(
+            {
+                "injected_at": injected_at,
+                "expires_at": injected_at + p["fault_s"],
+                "faults": faults,
+                "placement": label,
+                "refused": refused,
+            }
         )
-        ctx.log(f"{fault['kind']} on {fault['node']} -> {fault['target']}")
-    return Done(
-        {"injected_at": injected_at, "expires_at": injected_at + p["fault_s"], "faults": faults}
-    )
+    return Fail("no agent could inject the fault: " + "; ".join(refused))
 
 
 def fault_window(ctx: StepContext) -> StepResult:
@@ -100,10 +144,9 @@ def fault_window(ctx: StepContext) -> StepResult:
 def restore(ctx: StepContext) -> StepResult:
     """Until every agent reports the fault lifted (and, for a restart, the child running)."""
     p, injected = ctx.params, ctx.previous["inject_fault"]
-    by_node = {f["node"]: f for f in p["faults"]}
     pending = []
     for fault in injected["faults"]:
-        spec = by_node[fault["node"]]
+        spec = _spec(fault, p)
         view = drillops.agent_view(spec)
         if fault["id"] in view["faults"]:
             if time.time() > injected["expires_at"] + CLEAR_AFTER_S:
@@ -218,10 +261,9 @@ def on_failure(ctx: StepContext) -> None:
     injected = ctx.previous.get("inject_fault") or (
         ctx.evidence if ctx.step_name == "inject_fault" else {}
     )
-    by_node = {f["node"]: f for f in ctx.params.get("faults", [])}
     for fault in injected.get("faults", []):
         try:
-            drillops.clear(by_node[fault["node"]], fault["id"])
+            drillops.clear(_spec(fault, ctx.params), fault["id"])
         except Exception as exc:  # the agent's expiry lifts it regardless
             ctx.log(f"clear {fault['id']} failed: {exc}")
     drill_services.drill_report_abort(run_id=ctx.run_id, error=f"step {ctx.step_name} failed")

@@ -43,6 +43,27 @@ def test_load_starts_once_per_run_and_stops_at_its_bound(tmp_path: Path):
     assert summary["by_outcome"] == {"client_error": summary["requests"]}
 
 
+def _state(pid: int) -> str | None:
+    """The process's state letter (``Z``: a zombie), None once it is gone (reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def test_the_generator_is_reaped_when_it_ends_and_leaves_no_zombie(tmp_path: Path):
+    """The worker that started it waits for it: once it exits its pid is gone, not a
+    zombie beside the worker (#19: each drill left one)."""
+    with override_settings(VAR_DIR=tmp_path):
+        info = drillops.start_load(44, _params(), duration_s=1.0)
+    _wait(Path(info["summary"]))
+
+    deadline = time.monotonic() + 30
+    while _state(info["pid"]) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _state(info["pid"]) is None
+
+
 def test_stop_file_ends_the_load_early(tmp_path: Path):
     with override_settings(VAR_DIR=tmp_path):
         info = drillops.start_load(42, _params(), duration_s=120)

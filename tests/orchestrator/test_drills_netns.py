@@ -69,7 +69,15 @@ def _run_drill(bed: TwoSites, kind: str) -> tuple[DrillReport, WorkflowRun]:
     return report, WorkflowRun.objects.get(pk=report.run_id)
 
 
-def _check_report(report: DrillReport, run: WorkflowRun) -> dict[str, Any]:
+def process_state(pid: int) -> str | None:
+    """The process's state letter (``Z``: a zombie), None once it is gone (reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def check_report(report: DrillReport, run: WorkflowRun) -> dict[str, Any]:
     steps = {s.name: s for s in run.steps.all()}
     assert run.state == "succeeded", (run.error, {n: s.log_excerpt for n, s in steps.items()})
     assert report.state == "passed", report.criteria_results
@@ -93,6 +101,12 @@ def _check_report(report: DrillReport, run: WorkflowRun) -> dict[str, Any]:
     summary = steps["collect_load"].evidence["summary"]
     assert summary["failed"] == 0
     assert summary["requests"] == report.total_requests
+    # The worker reaped its load generator: gone, not a zombie (#19).
+    pid = steps["start_load"].evidence["pid"]
+    deadline = time.monotonic() + 30
+    while process_state(pid) is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert process_state(pid) is None, f"load generator {pid}: {process_state(pid)}"
     print(
         f"\n{run.kind}: {report.total_requests} requests {report.requests}, 0 failed, "
         f"detect {report.time_to_detect_s} s, recover {report.time_to_recover_s} s"
@@ -103,7 +117,7 @@ def _check_report(report: DrillReport, run: WorkflowRun) -> dict[str, Any]:
 def test_link_cut_drill_reports_zero_failed_requests(bed: TwoSites, worker) -> None:
     report, run = _run_drill(bed, "link_cut")
 
-    steps = _check_report(report, run)
+    steps = check_report(report, run)
     fault = steps["inject_fault"].evidence["faults"][0]
     assert (fault["kind"], fault["target"], fault["mechanism"]) == (
         "link_cut",
@@ -118,7 +132,7 @@ def test_remote_restart_drill_reports_zero_failed_requests(bed: TwoSites, worker
 
     report, run = _run_drill(bed, "remote_restart")
 
-    steps = _check_report(report, run)
+    steps = check_report(report, run)
     fault = steps["inject_fault"].evidence["faults"][0]
     assert (fault["kind"], fault["target"]) == ("engine_kill", PREFILL_CHILD)
     after = bed.remote_child()

@@ -25,6 +25,7 @@ from agents.client import AgentClient
 from agents.gateway.config import GatewaySettings
 from grpc_kv.tls import TLSConfig
 from tests.agents.conftest import AgentProc, agent_config, start_agent
+from tests.agents.engines.client import free_port
 from tests.agents.engines.conftest import EngineProc, start_engine
 from tests.agents.gateway.harness import serving
 from tests.agents.gateway.netns import RemoteSite, remote_site
@@ -140,25 +141,34 @@ def _gateway_thread(data: dict[str, Any], settings: GatewaySettings) -> Iterator
 
 
 @contextmanager
-def two_sites(tmp: Path, models_dir: Path) -> Iterator[TwoSites]:
-    """The whole two-site system (see the module docstring)."""
+def two_sites(tmp: Path, models_dir: Path, *, fault_proxy: bool = False) -> Iterator[TwoSites]:
+    """The whole two-site system (see the module docstring). ``fault_proxy``: laid out as
+    ``pdbridge run``'s testbed instead -- the KV path crosses the remote agent's fault proxy
+    (``faults.proxies.local``) and the local agent has nothing to cut the link with, so a
+    link cut must be injected at the remote agent."""
     with remote_site() as site:
+        kv_listen = f"{site.local_ip}:{free_port() if fault_proxy else 0}"
+        remote_faults: dict[str, Any] = {}
+        local_faults: dict[str, Any] = {"wan_interface": site.local_if}
+        if fault_proxy:
+            proxy = {"listen": f"{site.remote_ip}:{free_port()}", "upstream": kv_listen}
+            remote_faults = {"mechanism": "proxy", "proxies": {"local": proxy}}
+            local_faults = {"mechanism": "proxy"}
         remote_cfg = agent_config(
             tmp / "remote", None, node={"name": "pre-1", "site": "remote"},
-            listen=f"{site.remote_ip}:0", supervision=SUPERVISION,
+            listen=f"{site.remote_ip}:0", supervision=SUPERVISION, faults=remote_faults,
         )  # fmt: skip
         remote_proc, remote_address = _start_agent_in(site, tmp / "remote", remote_cfg)
         local_agent = decode = None
         try:
             local_agent = start_agent(
-                tmp / "local",
-                agent_config(tmp / "local", None, faults={"wan_interface": site.local_if}),
+                tmp / "local", agent_config(tmp / "local", None, faults=local_faults)
             )
             decode = start_engine(
                 ["--model", f"tiny={MODEL}", "--models-dir", str(models_dir),
                  "--chunked-prefill-tokens", "64", "--threads", "1", "--max-num-seqs", "16",
                  "--role", "decode", "--host", site.local_ip, "--insecure",
-                 "--kv-listen", f"{site.local_ip}:0", "--kv-insecure"],
+                 "--kv-listen", kv_listen, "--kv-insecure"],
                 tmp / "decode.log", timeout=180,
             )  # fmt: skip
             decode.url = f"http://{site.local_ip}:{decode.ready['port']}"
@@ -170,7 +180,13 @@ def two_sites(tmp: Path, models_dir: Path) -> Iterator[TwoSites]:
                 remote_prefill_threshold_tokens=64,
             )
             data["model"]["engine_settings"] = {}
-            data["pools"]["decode"]["nodes"][0]["kv_address"] = decode.ready["kv_listen"]
+            # The prefill engine pushes KV to the decode engine's receiver, through the remote
+            # agent's fault proxy when there is one.
+            data["pools"]["decode"]["nodes"][0]["kv_address"] = (
+                remote_faults["proxies"]["local"]["listen"]
+                if fault_proxy
+                else decode.ready["kv_listen"]
+            )
             data["kv_transfer"]["timeout_ms"] = 3000
             with _gateway_thread(data, GATEWAY_SETTINGS) as url:
                 yield TwoSites(site, local_agent, remote_address, decode, url, models_dir)

@@ -94,6 +94,11 @@ def test_post_starts_the_workflow_with_resolved_params_and_a_running_report(api_
     assert run.params["faults"] == [
         {"agent": "10.0.0.5:7070", "node": "dec-1", "kind": "link_cut", "target": "remote"}
     ]
+    # Where the decode agent cannot cut (the testbed: no route or proxy for the peer), the
+    # prefill site's agent cuts the same link from its end.
+    assert run.params["fault_alternatives"] == [
+        [{"agent": "10.1.0.5:7070", "node": "pre-1", "kind": "link_cut", "target": "local"}]
+    ]
     assert run.params["load"]["concurrency"] == 2
     assert run.params["load"]["max_tokens"] == 16
     assert run.params["criteria"]["max_time_to_recover_s"] == 20
