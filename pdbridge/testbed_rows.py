@@ -29,6 +29,12 @@ class DemoModel:
     parameter_count: int
     timeout_ms: int
     demo_prompt: str
+    #: The engine's context (prompt + output tokens): the gateway refuses longer requests and
+    #: caps its length estimates at it (``model.engine_settings.max_model_len``).
+    max_model_len: int
+    #: Characters per token of the model's tokenizer, for the gateway's length estimate
+    #: (``model.engine_settings.chars_per_token``).
+    chars_per_token: float
 
 
 MODELS: dict[str, DemoModel] = {
@@ -55,9 +61,13 @@ MODELS: dict[str, DemoModel] = {
         },
         parameter_count=1_000_000,
         timeout_ms=15000,
-        # Over the remote threshold (64 tokens) by the gateway's estimate of 4 chars a token.
+        # ~420 tokens (a byte each): over the remote threshold (64 tokens).
         demo_prompt="Two datacenters, one answer: "
         + "prefill over there, decode right here. " * 10,
+        # zoo.MAX_MODEL_LEN: what the reference engine serves a zoo model with.
+        max_model_len=8192,
+        # The zoo's byte-level tokenizer: one token per byte (ASCII: per character), + BOS.
+        chars_per_token=1.0,
     ),
     # The real SmolLM2-135M-Instruct checkpoint (needs the ``real`` extra): readable answers.
     "smollm2": DemoModel(
@@ -71,6 +81,10 @@ MODELS: dict[str, DemoModel] = {
         parameter_count=135_000_000,
         timeout_ms=60000,
         demo_prompt="Explain in a few sentences why the sky is blue, and why sunsets are red. " * 5,
+        # The checkpoint's max_position_embeddings.
+        max_model_len=8192,
+        # Its BPE tokenizer on English text: ~4 characters a token.
+        chars_per_token=4.0,
     ),
 }
 
@@ -175,7 +189,9 @@ def register(
     }
     spec = model_create(actor=None, name=model.served, family="testbed",
                         architecture=model.architecture, parameter_count=model.parameter_count,
-                        weights_sha256=weights_sha256)  # fmt: skip
+                        weights_sha256=weights_sha256,
+                        engine_settings={"max_model_len": model.max_model_len,
+                                         "chars_per_token": model.chars_per_token})  # fmt: skip
     dep = deployment_create(
         actor=None,
         name=DEPLOYMENT,

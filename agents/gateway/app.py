@@ -221,7 +221,9 @@ class Gateway(Endpoints):
         if too_long:
             self.metrics.request("local", "client_error")
             return json_response(400, too_long.body(), base_headers)
-        decision = self.router.decide(config, key, prompt_tokens, self._cached_tokens(parsed))
+        decision = self.router.decide(
+            config, key, prompt_tokens, self._cached_tokens(parsed, config)
+        )
         self.metrics.decision(decision.path, decision.reason)
         call = _Call(client, kind, arrived, request_id, raw, body, parsed, config, decision)
         exclude: frozenset[str] = frozenset()
@@ -236,7 +238,11 @@ class Gateway(Endpoints):
             return await self._serve(call, "local")
         return await self._fallback(call, cause, exclude)
 
-    def _cached_tokens(self, parsed: ParsedRequest) -> int:
+    def _chars_per_token(self, config: DeploymentConfig) -> float:
+        """The model's tokenizer ratio from the snapshot, else the gateway's setting."""
+        return config.chars_per_token or self.settings.chars_per_token
+
+    def _cached_tokens(self, parsed: ParsedRequest, config: DeploymentConfig) -> int:
         """Estimated tokens of the prompt already cached at the decode pool (0 when the
         estimate is off); the prompt is remembered for the requests that follow."""
         if not self.settings.prefix_cache_estimate:
@@ -249,7 +255,7 @@ class Gateway(Endpoints):
             return 0
         cached_chars = self.prefix_text.cached_units(parsed.text)
         self.prefix_text.remember(parsed.text)
-        return int(cached_chars / self.settings.chars_per_token)
+        return int(cached_chars / self._chars_per_token(config))
 
     async def _prompt_tokens(
         self, parsed: ParsedRequest, config: DeploymentConfig, request_id: str
@@ -259,7 +265,7 @@ class Gateway(Endpoints):
         when the estimate is over the context, or near the threshold with ``tokenize`` on."""
         if parsed.prompt_tokens is not None:
             return parsed.prompt_tokens, True
-        raw_estimate = int(parsed.prompt_chars / self.settings.chars_per_token + 0.5)
+        raw_estimate = int(parsed.prompt_chars / self._chars_per_token(config) + 0.5)
         estimate = capped(raw_estimate, config.max_model_len)
         threshold = self.router.tuner.effective(config.threshold_tokens)
         if not parsed.text or not needs_count(

@@ -89,6 +89,9 @@ class DeploymentConfig:
     #: How the remote legs hand the KV over (``kv_transfer.mode``; see
     #: ``pdproto.kv.KV_MODES``).
     kv_mode: str = "push"
+    #: Characters per token of this model's tokenizer (``model.engine_settings.
+    #: chars_per_token``: 1 for a byte-level tokenizer); None: the gateway's setting.
+    chars_per_token: float | None = None
 
 
 def _get(data: Mapping[str, Any], key: str, where: str) -> Any:
@@ -111,6 +114,13 @@ def _number(value: Any, where: str, low: float | None = None, high: float | None
     if (low is not None and value < low) or (high is not None and value > high):
         raise ConfigError(f"{where}: must be within [{low}, {high}], got {value!r}")
     return float(value)
+
+
+def _positive(value: Any, where: str) -> float:
+    number = _number(value, where)
+    if number <= 0:
+        raise ConfigError(f"{where}: must be > 0, got {value!r}")
+    return number
 
 
 def _bool(value: Any, where: str) -> bool:
@@ -197,6 +207,7 @@ def parse_snapshot(data: Any) -> DeploymentConfig:
         raise ConfigError("pools.prefill: must be a list")
     max_len = model_settings.get("max_model_len")
     kv_bpt = model_settings.get("kv_bytes_per_token")
+    cpt = model_settings.get("chars_per_token")
     return DeploymentConfig(
         deployment_id=int(_number(_get(deployment, "id", "deployment"), "deployment.id", 1)),
         deployment_name=str(deployment.get("name", "")),
@@ -209,6 +220,9 @@ def parse_snapshot(data: Any) -> DeploymentConfig:
         kv_bytes_per_token=None
         if kv_bpt is None
         else _number(kv_bpt, "model.engine_settings.kv_bytes_per_token", 0),
+        chars_per_token=None
+        if cpt is None
+        else _positive(cpt, "model.engine_settings.chars_per_token"),
         threshold_tokens=int(
             _number(
                 _get(routing, "remote_prefill_threshold_tokens", "routing"),

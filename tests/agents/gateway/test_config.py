@@ -89,6 +89,14 @@ def test_measured_bandwidth_wins_over_provisioned():
             lambda d: d["model"].update(engine_settings="x"),
             "model.engine_settings: must be an object",
         ),
+        (
+            lambda d: d["model"].update(engine_settings={"chars_per_token": 0}),
+            "model.engine_settings.chars_per_token: must be > 0",
+        ),
+        (
+            lambda d: d["model"].update(engine_settings={"chars_per_token": "1"}),
+            "model.engine_settings.chars_per_token: must be a number",
+        ),
     ],
 )
 def test_invalid_snapshot_names_the_field(mutate, field):
