@@ -9,10 +9,10 @@ Requests carry pdbridge's ``kv_transfer_params`` (the gateway's push mode):
 
 * prefill leg ``{"do_remote_decode": true, "transfer_id", "kv_destination": "host:port"}``: the
   scheduler side tells the worker, step by step, which of the request's blocks are computed;
-  the worker hands each attention layer's newly computed blocks to a grpc_kv transfer from
-  ``save_kv_layer`` (the link sends them while later layers compute), and once the request
-  finishes, the linear-attention state slots (no hook fires for those layers) and the rest,
-  then finishes the transfer. The blocks are held until the transfer is acknowledged or failed
+  after each step's forward pass (``wait_for_save``) the worker hands the blocks computed in
+  that step to a grpc_kv transfer (the link sends them while the next step computes), and once
+  the request finishes, the linear-attention state slots and the rest, then finishes the
+  transfer. The blocks are held until the transfer is acknowledged or failed
   (``request_finished_all_groups`` -> ``get_transfer_results().finished_sending``), at most
   ``lease_s``. Models with linear attention prefill N-1 tokens: decode computes the last one
   on top of state h(N-1) (applying it twice would corrupt the recurrent state).
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -47,6 +46,8 @@ from grpc_kv import api as kv
 from pdbridge_vllm import stats as connector_stats
 from pdbridge_vllm.config import FAULTS, ConnectorConfig, model_fingerprint, parse_fingerprint
 from pdbridge_vllm.layout import LAYOUT_ATTR, GroupLayout, KvLayout, LayerPages, cdiv, state_kind
+from pdbridge_vllm.metadata import LoadStart, PdbridgeMetadata, SaveEnd, SaveStep
+from pdbridge_vllm.pages import NULL_BLOCK, PageWriter, page_bytes
 from pdbridge_vllm.runtime import Incoming, Outgoing, Runtime
 
 if TYPE_CHECKING:
@@ -60,51 +61,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("vllm.pdbridge")  # under vLLM's logger: its handler and format
 BlockIds = tuple[list[int], ...]
-NULL_BLOCK = 0  # vLLM's block pool hands out block 0 as the null block, never to a request
-
-
-@dataclass
-class SaveStep:
-    """Prefill side, one step: the request's blocks and how many tokens are computed after it."""
-
-    req_id: str
-    transfer_id: str
-    destination: str
-    request_id: str
-    n_tokens: int
-    computed: int
-    block_ids: BlockIds
-    fault: str | None = None
-
-
-@dataclass
-class SaveEnd:
-    """Prefill side: the request finished (``ok``) or was aborted; its final blocks."""
-
-    req_id: str
-    ok: bool
-    block_ids: BlockIds
-
-
-@dataclass
-class LoadStart:
-    """Decode side: wait for ``transfer_id`` and fill these blocks."""
-
-    req_id: str
-    transfer_id: str
-    deadline_s: float
-    n_tokens: int
-    local_tokens: int
-    block_ids: BlockIds
-
-
-@dataclass
-class PdbridgeMetadata(KVConnectorMetadata):
-    saves: list[SaveStep] = field(default_factory=list)
-    ends: list[SaveEnd] = field(default_factory=list)
-    loads: list[LoadStart] = field(default_factory=list)
-    cancel_loads: list[str] = field(default_factory=list)
-    expired: list[str] = field(default_factory=list)
 
 
 class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
@@ -382,8 +338,6 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
             incoming = self._in.get(req_id)
             if incoming is not None:
                 incoming.cancel()
-        for step in meta.saves:
-            self._open(step)
         for end in meta.ends:
             self._end(end)
         for req_id in meta.expired:
@@ -397,19 +351,25 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
     ) -> None:
-        if not self.has_connector_metadata() or self._layout is None:
-            return
-        meta = self._meta()
-        g = self._layout.group_of(layer_name)
-        if g is None or self._layout.groups[g].kind == "state":
-            return
-        for step in meta.saves:
-            out = self._out.get(step.req_id)
-            if out is not None:
-                self._send_ready(out, step.req_id, g, step.block_ids, step.computed, step.n_tokens)
+        # Not here: on vLLM 0.32's CPU backend the pages read from this hook did not hold the
+        # step's KV yet (the decode side got other tokens). Pages go once the step's forward
+        # pass is done (wait_for_save), while the next step computes.
+        return
 
     def wait_for_save(self) -> None:
-        return  # sends are queued in save_kv_layer; the network runs on the connector's loop
+        """Queue every prefill request's pages computed in this step; the link sends them
+        from its own thread while vLLM runs the next step (the next chunk of a long prompt)."""
+        if not self.has_connector_metadata() or self._layout is None:
+            return
+        for step in self._meta().saves:
+            out = self._out.get(step.req_id) or self._open(step)
+            if out is None:
+                continue
+            for g, group in enumerate(self._layout.groups):
+                if group.kind != "state":
+                    self._send_ready(
+                        out, step.req_id, g, step.block_ids, step.computed, step.n_tokens
+                    )
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         results = self.get_transfer_results(finished_req_ids)
@@ -458,11 +418,9 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
 
     # ------------------------------------------------------------------ worker helpers
 
-    def _open(self, step: SaveStep) -> None:
-        if step.req_id in self._out or self._runtime is None or self._layout is None:
-            return
-        if self._fingerprint is None:
-            return
+    def _open(self, step: SaveStep) -> Outgoing | None:
+        if self._runtime is None or self._layout is None or self._fingerprint is None:
+            return None
         fingerprint = self._fingerprint
         if step.fault == "fingerprint":
             fingerprint = kv.Fingerprint("0" * 64, fingerprint.arch_hash)
@@ -476,16 +434,17 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
             )
         except ValueError as exc:
             log.warning("pdbridge_kv_params_invalid request_id=%s: %s", step.req_id, exc)
-            return
+            return None
         log.debug(
             "pdbridge_kv_open req=%s n=%d computed=%d", step.req_id, step.n_tokens, step.computed
         )
-        self._out[step.req_id] = Outgoing(self._runtime, step.destination, header)
+        out = self._out[step.req_id] = Outgoing(self._runtime, step.destination, header)
         self._tokens[step.req_id] = step.n_tokens
         if step.fault is not None:
             self._faults[step.req_id] = step.fault
         for pages in (p for g in self._layout.groups for p in g.layers):
             self._next[(step.req_id, pages.name)] = -1
+        return out
 
     def _send_ready(
         self, out: Outgoing, req_id: str, g: int, block_ids: BlockIds, computed: int, n_tokens: int
@@ -506,7 +465,7 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
                 out.cancel(f"blocks {start}..{ready} of {pages.name} are not held")
                 return
             tensor = self._caches[pages.layer][pages.tensor]
-            data = _page_bytes(tensor, ids)
+            data = page_bytes(tensor, ids)
             if self._faults.get(req_id) == "zero_layer" and pages is self._layout.first_attention():
                 data = bytes(len(data))
             out.send(pages.name, data, final=ready == positions.stop)
@@ -543,7 +502,7 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
                     break
                 for pages in group.layers:
                     tensor = self._caches[pages.layer][pages.tensor]
-                    data = _page_bytes(tensor, slot)
+                    data = page_bytes(tensor, slot)
                     if self._faults.get(end.req_id) == "zero_state" and pages is first_state:
                         data = bytes(len(data))
                     out.send(pages.name, data, final=True)
@@ -558,62 +517,18 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
         if self._runtime is None or self._layout is None or self._fingerprint is None:
             return
         layout = self._layout
-        targets: dict[str, list[int | None]] = {}
-        skip_until: dict[str, int] = {}
-        for g, group in enumerate(layout.groups):
-            ids = load.block_ids[g] if g < len(load.block_ids) else []
-            positions = group.positions(load.n_tokens)
-            if group.kind == "state":
-                slot = clip_ssm_state_blocks(list(ids), self._spec_blocks[g])
-                blocks: list[int | None] = [slot[0] if slot and slot[0] != NULL_BLOCK else None]
-            else:
-                # Positions this engine already holds (its own prefix cache) or keeps as null
-                # (outside a sliding window) are not written.
-                local = load.local_tokens // group.block_size
-                blocks = [
-                    ids[p] if p < len(ids) and p >= local and ids[p] != NULL_BLOCK else None
-                    for p in positions
-                ]
-            for pages in group.layers:
-                targets[pages.name] = blocks
-                skip_until[pages.name] = 0
-        pages_by_name = {p.name: p for g in layout.groups for p in g.layers}
-        pending: dict[str, bytearray] = {name: bytearray() for name in targets}
-        written: dict[str, int] = dict.fromkeys(targets, 0)
+        writer = PageWriter(
+            layout,
+            self._caches,
+            load.block_ids,
+            load.n_tokens,
+            load.local_tokens,
+            self._spec_blocks,
+        )
 
         def check(header: kv.TransferHeader) -> str | None:
             return layout.check_attr(header.attrs.get(LAYOUT_ATTR), load.n_tokens)
 
-        def write(segment: kv.Segment) -> None:
-            name = segment.layer
-            pages = pages_by_name[name]
-            buf = pending[name]
-            buf += segment.data
-            size = pages.page_bytes
-            whole = len(buf) // size
-            if not whole:
-                return
-            chunk = buf[: whole * size]  # a copy: the pages outlive this segment's buffer
-            del buf[: whole * size]
-            src = torch.frombuffer(chunk, dtype=torch.uint8)
-            tensor = self._caches[pages.layer][pages.tensor]
-            for k in range(whole):
-                index = written[name] + k
-                block = targets[name][index] if index < len(targets[name]) else None
-                if block is not None:
-                    dst = tensor[block]
-                    dst.copy_(src[k * size : (k + 1) * size].view(dst.dtype).view(dst.shape))
-            written[name] += whole
-
         self._in[load.req_id] = Incoming(
-            self._runtime, load.transfer_id, load.deadline_s, self._fingerprint, check, write
+            self._runtime, load.transfer_id, load.deadline_s, self._fingerprint, check, writer.write
         )
-
-
-def _page_bytes(tensor: torch.Tensor, block_ids: list[int]) -> bytes:
-    """The pages of ``block_ids`` of one layer's cache, as contiguous bytes on the host (a
-    copy: vLLM may reuse the blocks once the transfer is done; on a GPU this is the one
-    device-to-host copy)."""
-    index = torch.tensor(block_ids, dtype=torch.long, device=tensor.device)
-    pages = tensor.index_select(0, index).contiguous()
-    return pages.cpu().view(torch.uint8).numpy().tobytes()

@@ -160,7 +160,8 @@ class Outgoing:
         self.detail = ""
         self.queued_bytes = 0
         self._t0 = time.monotonic()
-        self._queue: asyncio.Queue[Any] = runtime.call(_make_queue())
+        # Bound to the loop on first use (Python >= 3.10), so made here without a round trip.
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._ended = False
         runtime.spawn(self._run())
 
@@ -345,7 +346,3 @@ class Incoming:
                 seconds,
                 self.detail,
             )
-
-
-async def _make_queue() -> asyncio.Queue[Any]:
-    return asyncio.Queue()

@@ -8,8 +8,7 @@ import asyncio
 import contextlib
 import os
 
-from grpc_kv.api import LinkPool
-from grpc_kv.api import FingerprintMismatch, LinkOptions, TransferRefused, open_transfer
+from grpc_kv.api import FingerprintMismatch, LinkOptions, LinkPool, TransferRefused, open_transfer
 from tests.grpc_kv.kvtest import FP, INSECURE, OTHER_FP, make_header, receiver, run
 from tests.support import connections_to
 

@@ -245,7 +245,7 @@ def _build_models() -> None:
     )
 
 
-def _connector_config(role: str, certs: dict[str, Any], kv_port: int) -> str:
+def _connector_config(role: str, certs: dict[str, Any], kv_port: int, failure_policy: str) -> str:
     node = certs[role]
     extra: dict[str, Any] = {
         "tls_ca": str(node.ca_file),
@@ -266,11 +266,17 @@ def _connector_config(role: str, certs: dict[str, Any], kv_port: int) -> str:
     if role == "consumer":
         extra["listen"] = f"127.0.0.1:{kv_port}"
         extra["allowed_peers"] = ["vllm-producer"]
-        config["kv_load_failure_policy"] = "recompute"
+        config["kv_load_failure_policy"] = failure_policy
     return json.dumps(config)
 
 
-def start_pair(arch: str, tmp: Path) -> Pair:
+def start_pair(
+    arch: str, tmp: Path, failure_policy: str = "recompute", extra_args: tuple[str, ...] = ()
+) -> Pair:
+    """A producer and a consumer of ``arch``. ``failure_policy``: the consumer's
+    ``kv_load_failure_policy`` (``recompute`` here by default, so that a failed load still
+    answers and the connector's own tests can compare tokens; ``fail`` is what the orchestrator
+    sets, for the gateway's fallback)."""
     _build_models()
     model = str(MODELS / arch)
     ca = create_ca(tmp / "ca")
@@ -309,8 +315,9 @@ def start_pair(arch: str, tmp: Path) -> Pair:
             # Every local run computes from scratch and every remote one loads its whole
             # prompt: equality then says something about the transfer.
             "--no-enable-prefix-caching",
+            *extra_args,
             "--kv-transfer-config",
-            _connector_config(role, certs, kv_port),
+            _connector_config(role, certs, kv_port, failure_policy),
         ]
         engines[role] = Engine(role, port, tmp / f"{arch}-{role}.log", argv, env)
     for engine in engines.values():
