@@ -189,11 +189,13 @@ def agent_config(tmp: Path, pki: Pki | None, **overrides: Any) -> dict[str, Any]
 def start_agent(
     tmp: Path,
     config: dict[str, Any],
-    timeout: float = 30,
+    timeout: float = 120,
     wrap: Callable[[list[str]], list[str]] | None = None,
     host: str = "127.0.0.1",
 ) -> AgentProc:
-    """Write agent.yaml, start ``python -m pdbridge.cli agent`` and wait for agent.json.
+    """Write agent.yaml, start ``python -m pdbridge.cli agent`` and wait for agent.json
+    (``timeout`` is generous: an agent that exits fails at once, a slow start on a loaded
+    machine is not a failure).
     ``wrap``: turns the argv into one run elsewhere (``ip netns exec``, which keeps the pid);
     ``host``: the address the agent listens on there."""
     tmp.mkdir(parents=True, exist_ok=True)
