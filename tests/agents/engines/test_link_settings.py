@@ -38,12 +38,12 @@ def _prefill_engine(models_dir: Path, kv_certs, log: Path, *link: str) -> Engine
 def engines(
     engine_pair, grpc_decode, models_dir: Path, kv_certs, tmp_path_factory
 ) -> Iterator[tuple[EngineProc, EngineProc]]:
-    """(a prefill engine with a 1 s deadline, no retries and 64 KiB chunks; one with the
+    """(a prefill engine with a 1 s deadline, no retries and 4 KiB chunks; one with the
     testbed deployment's 15 s deadline): the same model, weights and chunking otherwise."""
     logs = tmp_path_factory.mktemp("logs-link")
     short = _prefill_engine(
         models_dir, kv_certs, logs / "short.log",
-        "--kv-timeout-ms", "1000", "--kv-retry", "0", "--kv-chunk-size-mb", "0.0625",
+        "--kv-timeout-ms", "1000", "--kv-retry", "0", "--kv-chunk-size-mb", "0.00390625",
     )  # fmt: skip
     try:
         long = _prefill_engine(models_dir, kv_certs, logs / "long.log", "--kv-timeout-ms", "15000")
@@ -80,7 +80,7 @@ def test_the_engine_reports_the_link_settings_it_was_given(engines):
     assert short.ready["kv_link"] == {
         "timeout_ms": 1000,
         "retry": 0,
-        "chunk_size_bytes": 64 * 1024,
+        "chunk_size_bytes": 4 * 1024,
     }
     assert long.ready["kv_link"]["timeout_ms"] == 15000
 
@@ -124,15 +124,20 @@ def test_a_deadline_the_slow_transfer_fits_lets_it_through_and_a_short_one_is_a_
 
 
 def test_the_chunk_size_is_what_the_link_cuts_the_kv_into(engines, grpc_decode):
+    """The same prompt, chunking and model from both engines: each prefill chunk's keys or
+    values (64 tokens of the full-attention layer, 8 KiB) are one link chunk at the default
+    4 MiB and two at 4 KiB."""
     short, long = engines
-    body = _body(300, seed=12)
+    body = _body(200, seed=12)
+    counts = {}
+    for name, engine in (("4KiB", short), ("4MiB", long)):
+        tid = f"c-{uuid.uuid4().hex}"
+        status, _, answer = prefill_leg(engine.url, body, tid, grpc_decode.ready["kv_listen"])
+        assert status == 200, answer
+        assert decode_leg(grpc_decode.url, body, tid, 60)[0] == 200
+        counts[name] = answer["kv_transfer_params"]["chunks"]
+        raw = answer["kv_transfer_params"]["bytes"]
 
-    raw = _kv_bytes(long, grpc_decode, body)
-    tid = f"c-{uuid.uuid4().hex}"
-    status, _, answer = prefill_leg(short.url, body, tid, grpc_decode.ready["kv_listen"])
-    assert decode_leg(grpc_decode.url, body, tid, 60)[0] == 200
-
-    assert status == 200
-    assert raw > 64 * 1024
-    # 64 KiB chunks: at least one per 64 KiB of KV (each layer's tail is a chunk of its own).
-    assert answer["kv_transfer_params"]["chunks"] >= raw // (64 * 1024)
+    assert raw > 8 * 4 * 1024
+    assert counts["4KiB"] > counts["4MiB"]
+    assert counts["4KiB"] >= raw // (4 * 1024)  # no chunk above 4 KiB
