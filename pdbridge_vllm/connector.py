@@ -49,6 +49,7 @@ from pdbridge_vllm.layout import LAYOUT_ATTR, GroupLayout, KvLayout, LayerPages,
 from pdbridge_vllm.metadata import LoadStart, PdbridgeMetadata, SaveEnd, SaveStep
 from pdbridge_vllm.pages import NULL_BLOCK, PageWriter, page_bytes
 from pdbridge_vllm.runtime import Incoming, Outgoing, Runtime
+from pdproto.kv import DEADLINE_S, DO_REMOTE_DECODE, DO_REMOTE_PREFILL, KV_DESTINATION, TRANSFER_ID
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -102,9 +103,9 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
 
     def on_new_request(self, request: Request) -> None:
         params = request.kv_transfer_params
-        if not (self._producer and params and params.get("do_remote_decode")):
+        if not (self._producer and params and params.get(DO_REMOTE_DECODE)):
             return
-        if not (params.get("transfer_id") and params.get("kv_destination")):
+        if not (params.get(TRANSFER_ID) and params.get(KV_DESTINATION)):
             log.warning(
                 "pdbridge_kv_params_incomplete request_id=%s: do_remote_decode without "
                 "transfer_id and kv_destination; no KV is sent",
@@ -126,9 +127,9 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int, bool]:
         params = request.kv_transfer_params
-        if not (self._consumer and params and params.get("do_remote_prefill")):
+        if not (self._consumer and params and params.get(DO_REMOTE_PREFILL)):
             return 0, False
-        if not params.get("transfer_id") or params.get("_pdbridge_staged"):
+        if not params.get(TRANSFER_ID) or params.get("_pdbridge_staged"):
             return 0, False
         count = self._remote_tokens(len(request.prompt_token_ids or ())) - num_computed_tokens
         if count <= 0:
@@ -146,18 +147,18 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         params = request.kv_transfer_params
-        if not (self._consumer and params and params.get("do_remote_prefill")):
+        if not (self._consumer and params and params.get(DO_REMOTE_PREFILL)):
             return
         if num_external_tokens <= 0 or params.get("_pdbridge_staged"):
             return
         block_ids = self._select(self._manager().get_block_ids(request.request_id))
         local = self._local.pop(request.request_id, 0)
-        deadline = params.get("deadline_s")
+        deadline = params.get(DEADLINE_S)
         if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or deadline <= 0:
             deadline = self.config.deadline_s
         start = LoadStart(
             req_id=request.request_id,
-            transfer_id=str(params["transfer_id"]),
+            transfer_id=str(params[TRANSFER_ID]),
             deadline_s=float(deadline),
             n_tokens=local + num_external_tokens,
             local_tokens=local,
@@ -203,8 +204,8 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
                 meta.saves.append(
                     SaveStep(
                         req_id=req_id,
-                        transfer_id=str(params["transfer_id"]),
-                        destination=str(params["kv_destination"]),
+                        transfer_id=str(params[TRANSFER_ID]),
+                        destination=str(params[KV_DESTINATION]),
                         request_id=str(params.get("request_id") or req_id)[:128],
                         n_tokens=request.num_prompt_tokens,
                         computed=request.num_computed_tokens
@@ -260,10 +261,10 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
             return False, None
         self._held[req_id] = time.monotonic() + self.config.lease_s
         return True, {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "transfer_id": params.get("transfer_id"),
-            "kv_destination": params.get("kv_destination"),
+            DO_REMOTE_PREFILL: True,
+            DO_REMOTE_DECODE: False,
+            TRANSFER_ID: params.get(TRANSFER_ID),
+            KV_DESTINATION: params.get(KV_DESTINATION),
             "kv_connector": "pdbridge",
             "kv_tokens": request.num_prompt_tokens,
         }

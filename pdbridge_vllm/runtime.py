@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from grpc_kv import api as kv
+from pdproto.kv import KV_IMPORT_REFUSED, KV_PEER_REFUSED, KV_TIMEOUT
 
 log = logging.getLogger("vllm.pdbridge")  # under vLLM's logger: its handler and format
 T = TypeVar("T")
@@ -65,15 +66,15 @@ class Stats:
 def failure_cause(exc: BaseException) -> str:
     """A short, stable cause for logs, metrics and ``kv_transfer_params``."""
     if isinstance(exc, kv.PeerRefused):
-        return "kv_peer_refused"
+        return KV_PEER_REFUSED
     if isinstance(exc, kv.FingerprintMismatch) or (
         isinstance(exc, kv.TransferRefused) and "fingerprint" in str(exc)
     ):
         return "kv_fingerprint_mismatch"
     if isinstance(exc, (kv.TransferTimeout, TimeoutError)):
-        return "kv_timeout"
+        return KV_TIMEOUT
     if isinstance(exc, LayoutRefused):
-        return "kv_import_refused"
+        return KV_IMPORT_REFUSED
     if isinstance(exc, kv.TransferRefused):
         return "kv_refused"
     return "kv_transfer_error"
