@@ -13,24 +13,13 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from agents.gateway.decision import REASONS
+from pdproto.causes import FALLBACK_CAUSES
+from pdproto.http import PATHS
 
 if TYPE_CHECKING:
     from agents.gateway.health import InstanceHealth, PoolHealth
 
-PATHS = ("remote", "local", "fallback")
 OUTCOMES = ("ok", "client_error", "upstream_error", "rejected", "canceled")
-FALLBACK_CAUSES = (
-    "breaker_open",
-    "link_saturated",
-    "no_remote_site",
-    "prefill_error",
-    "prefill_timeout",
-    "kv_transfer",
-    "kv_import_refused",
-    "kv_peer_refused",
-    "kv_timeout",
-    "decode_error",
-)
 
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,

@@ -47,9 +47,9 @@ def test_pull_prefill_params_are_read_only():
 
 
 def test_the_gateways_metric_labels_are_the_shared_names():
-    # The gateway still spells its label lists out; they must stay the shared ones.
-    assert GATEWAY_FALLBACK_CAUSES == FALLBACK_CAUSES
-    assert GATEWAY_PATHS == PATHS
+    # The gateway labels its metrics with the shared lists themselves, not copies.
+    assert GATEWAY_FALLBACK_CAUSES is FALLBACK_CAUSES
+    assert GATEWAY_PATHS is PATHS
 
 
 def test_importing_pdproto_loads_nothing_of_pdbridge_nor_its_dependencies():
