@@ -27,8 +27,10 @@ _TLS_FAILURES = (
     ("Tls handshake failed", "the TLS handshake failed"),
 )
 #: How long the diagnostic handshake waits for the receiver's verdict on our certificate
-#: (TLS 1.3 sends it after the client's half of the handshake, with the first read).
-VERDICT_WAIT_S = 0.5
+#: (TLS 1.3 sends it after the client's half of the handshake, with the first read). Only a
+#: failed connection waits for it (a receiver that accepts speaks first at once); 0.5 s was
+#: missed on a loaded 2-core host, and the refusal was then retried to the deadline.
+VERDICT_WAIT_S = 2.0
 
 
 def refusal_in_details(details: str) -> str | None:

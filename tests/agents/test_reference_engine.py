@@ -172,7 +172,13 @@ def test_vllm_engine_launches_through_the_node_only_executable(
         == "settings.executable: set on the node (agent.yaml), never over the wire"
     )
 
-    child = launch(model="/models/m", served_model_name="m", host="127.0.0.1").child
+    # pdbridge's connector (the default) needs the decode engine's KV listener.
+    child = launch(
+        model="/models/m",
+        served_model_name="m",
+        host="127.0.0.1",
+        kv_connector_extra_config={"listen": "127.0.0.1:0", "insecure": True},
+    ).child
     assert (child.state, child.healthy, child.engine) == ("running", True, "vllm")
     argv = json.loads(record.read_text())["argv"]
     assert argv[:2] == ["serve", "/models/m"]

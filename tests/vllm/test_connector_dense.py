@@ -32,6 +32,23 @@ def connector_count(url: str, name: str) -> float:
     return metric_sum(metrics(url), f"vllm:pdbridge_kv_{name}_total")
 
 
+def wait_count(url: str, name: str, above: float, timeout_s: float = 120.0) -> float:
+    """The connector counter once it exceeds ``above``: vLLM exports connector stats with the
+    engine step that reports the transfer done, then its stats logger, so they lag the answer."""
+    deadline = time.monotonic() + timeout_s
+    while (value := connector_count(url, name)) <= above:
+        assert time.monotonic() < deadline, f"{name} stayed at {value} (> {above} expected)"
+        time.sleep(0.5)
+    return value
+
+
+def wait_resent(url: str, above: float, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while connector_count(url, "retransmits") + connector_count(url, "resumes") <= above:
+        assert time.monotonic() < deadline, "no chunk was sent again"
+        time.sleep(0.5)
+
+
 def assert_same(local: dict[str, Any], remote: dict[str, Any]) -> None:
     local_tokens, local_top = tokens_and_top5(local)
     remote_tokens, remote_top = tokens_and_top5(remote)
@@ -56,7 +73,7 @@ def test_remote_prefill_equals_local_tokens_and_top5(pair: Pair, tokens: int) ->
     # The decode engine loaded the whole prompt over the link (it computes nothing of it
     # but the last token again, which vLLM always does on a full hit).
     assert external_tokens(pair) - before == n
-    assert connector_count(pair.consumer.url, "loads") == loads + 1
+    assert wait_count(pair.consumer.url, "loads", loads) == loads + 1
 
 
 @pytest.mark.slow
@@ -78,7 +95,7 @@ def test_fingerprint_mismatch_is_refused_before_any_block_and_recomputed(pair: P
     remote, _, _ = pair.remote(prompt, fault="fingerprint")
     assert_same(local, remote)  # recomputed locally: right tokens, nothing loaded
     assert external_tokens(pair) == before
-    assert connector_count(pair.consumer.url, "loads_failed") == failed + 1
+    assert wait_count(pair.consumer.url, "loads_failed", failed) == failed + 1
     assert "kv_fingerprint_mismatch" in pair.consumer.log_text()
 
 
@@ -147,10 +164,7 @@ def test_corrupted_chunks_are_resent_never_imported(pair: Pair, proxy: _ProxyThr
     assert external_tokens(pair) > loaded  # loaded over the link, not recomputed
     # The damaged connection's chunks went again: on another connection (a resume) or the
     # same one (a retransmit).
-    again = connector_count(pair.producer.url, "retransmits") + connector_count(
-        pair.producer.url, "resumes"
-    )
-    assert again > resent
+    wait_resent(pair.producer.url, resent)
 
 
 @pytest.mark.slow
@@ -180,7 +194,7 @@ def test_link_cut_mid_transfer_resumes_with_the_same_tokens(
     thread.join(timeout=300)
     assert_same(local, done["answer"])
     assert external_tokens(pair) > loaded  # loaded over the link, not recomputed
-    assert connector_count(pair.producer.url, "resumes") > resumes
+    wait_count(pair.producer.url, "resumes", resumes)
 
 
 @pytest.mark.slow

@@ -18,7 +18,14 @@ KEY = "engine-key-for-tests-0123456789"  # a test key, not a secret
 
 
 def test_the_vllm_adapter_passes_the_key_in_vllms_variable_not_on_the_command_line():
-    adapter = VllmAdapter(EngineSpec(role="decode", model="/models/m", api_key=KEY))
+    adapter = VllmAdapter(
+        EngineSpec(
+            role="decode",
+            model="/models/m",
+            api_key=KEY,
+            kv_connector_extra_config={"listen": "127.0.0.1:7070"},
+        )
+    )
 
     assert adapter.environment()["VLLM_API_KEY"] == KEY
     assert KEY not in " ".join(adapter.command())
@@ -32,7 +39,10 @@ def test_the_agent_starts_engines_with_the_nodes_key(
     secret = tmp_path / "engine-key"
     secret.write_text(KEY + "\n")
     monkeypatch.setenv("PDBRIDGE_ENGINE_API_KEY_FILE", str(secret))
-    spec = ChildSpec("dec", "decode-engine", "vllm", {"model": "/models/m"})
+    listen = {"listen": "127.0.0.1:7070"}
+    spec = ChildSpec(
+        "dec", "decode-engine", "vllm", {"model": "/models/m", "kv_connector_extra_config": listen}
+    )
 
     plan = EngineRegistryAdapter("vllm", AgentConfig()).plan(spec, 8100, "")
 
