@@ -81,7 +81,7 @@ def _check_params(params: dict[str, Any]) -> dict[str, Any]:
         )
     ):
         raise ValidationError({"verify_lengths": ["A non-empty list of integers in 1..100000."]})
-    for key in ("recheck_s", "probe_seconds"):
+    for key in ("recheck_s", "probe_seconds", "gateway_ready_s", "verify_deadline_s"):
         value = params.get(key)
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600

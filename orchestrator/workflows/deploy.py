@@ -34,6 +34,8 @@ from orchestrator.steps import Done, Fail, RollBack, Step, StepContext, StepResu
 from orchestrator.workflows.gateway_metrics import scrape
 
 DEFAULT_VERIFY_LENGTHS = [40, 200, 700]
+#: Seconds step 6 waits for every gateway to serve the deployment's config version.
+DEFAULT_GATEWAY_READY_S = 120.0
 #: Rounds of step 2's probes before a transient failure fails the step: a first connection
 #: across a busy WAN (or a busy testbed machine) that times out once is not a broken link.
 PROBE_ATTEMPTS = 4
@@ -345,20 +347,39 @@ def gateway(ctx: StepContext) -> StepResult:
             rid=rid,
         )
         url = agentops.gateway_url(target)
-        metrics = agentops.run_async(scrape(url, ssl_ctx))
+        try:
+            metrics = agentops.run_async(scrape(url, ssl_ctx))
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            # A gateway still starting (not listening yet, or slow on a busy host) is "not
+            # applied yet", re-checked until the deadline below; the error stays in evidence.
+            metrics = {}
+            launched["scrape_error"] = f"{type(exc).__name__}: {exc}"
         launched.update(
             url=url,
             config_version=metrics.get("config_version"),
             remote_share=metrics.get("remote_share"),
         )
         results.append(launched)
-    evidence = {"gateways": results, "deployment_version": deployment.version}
+    first_check = float(ctx.evidence.get("first_check", time.time()))
+    polls = int(ctx.evidence.get("polls", 0))
+    evidence = {
+        "gateways": results,
+        "deployment_version": deployment.version,
+        "first_check": first_check,
+        "polls": polls,
+    }
     lagging = [r for r in results if (r["config_version"] or 0) < deployment.version]
     if lagging:
-        if ctx.evidence.get("polls", 0) < 30:
-            return Wait(1.0, {**evidence, "polls": ctx.evidence.get("polls", 0) + 1})
+        # A deadline, not a count of re-checks: a re-check's own launch and scrape take
+        # seconds on a loaded host, so 30 of them said nothing about how long it waited.
+        ready_s = float(ctx.params.get("gateway_ready_s", DEFAULT_GATEWAY_READY_S))
+        if time.time() - first_check < ready_s:
+            return Wait(1.0, {**evidence, "polls": polls + 1})
+        why = lagging[0].get("scrape_error") or f"reports version {lagging[0]['config_version']}"
         return Fail(
-            f"gateway {lagging[0]['node']} did not apply version {deployment.version}", evidence
+            f"gateway {lagging[0]['node']} did not apply version {deployment.version} "
+            f"within {ready_s:g} s ({why})",
+            evidence,
         )
     if any(r["remote_share"] not in (0, 0.0) for r in results):
         return Fail("gateway reports a remote share above 0 %", evidence)

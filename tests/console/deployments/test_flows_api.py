@@ -88,6 +88,8 @@ def test_deploy_without_a_prefill_pool_is_a_conflict(api_as):
         ({"verify_lengths": ["x"]}, "verify_lengths"),
         ({"recheck_s": -1}, "recheck_s"),
         ({"probe_seconds": "fast"}, "probe_seconds"),
+        ({"gateway_ready_s": 0}, "gateway_ready_s"),
+        ({"verify_deadline_s": True}, "verify_deadline_s"),
     ],
 )
 def test_bad_params_are_a_400_naming_the_field(api_as, deployment, params, field):

@@ -237,7 +237,8 @@ def ended(run_id: int) -> bool:
 def describe(run_id: int) -> str:
     run = run_of(run_id)
     return f"run {run.pk} {run.state} {run.error} " + " ".join(
-        f"{s.name}={s.state}" for s in run.steps.order_by("index")
+        f"{s.name}={s.state}" + (f" ({s.error})" if s.error else "")
+        for s in run.steps.order_by("index")
     )
 
 
@@ -447,7 +448,7 @@ def test_verification_failure_leaves_share_zero_and_retry_from_that_step_succeed
         *["succeeded"] * 6,
         "failed",
         "pending",
-    ]
+    ], describe(run.pk)
     verification = steps["verification"]
     prefill_host = world.sites.site("remote").address  # the prefill node's hostname
     assert verification.error.startswith(f"verification mismatch on {prefill_host} at 120 tokens: ")
