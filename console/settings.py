@@ -194,6 +194,11 @@ HEARTBEAT_MISSED_LIMIT = _env_int("PDBRIDGE_HEARTBEAT_MISSED_LIMIT", 3, minimum=
 # Telemetry samples older than this are deleted by the hourly beat job prune_samples.
 TELEMETRY_RETENTION_DAYS = _env_int("PDBRIDGE_TELEMETRY_RETENTION_DAYS", 14, minimum=1)
 
+# Link telemetry (orchestrator.linkops): the probe-links beat job's period (the admin can
+# change the schedule; staleness is judged against this) and each probe's length in seconds.
+LINK_PROBE_S = _env_int("PDBRIDGE_LINK_PROBE_S", 300, minimum=10)
+LINK_PROBE_SECONDS = _env_int("PDBRIDGE_LINK_PROBE_SECONDS", 1, minimum=1)
+
 # Alert e-mail goes through Django's SMTP backend (tests use the in-memory backend).
 EMAIL_HOST = os.environ.get("PDBRIDGE_EMAIL_HOST", "localhost")
 EMAIL_PORT = _env_int("PDBRIDGE_EMAIL_PORT", 25, minimum=1)

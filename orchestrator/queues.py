@@ -38,6 +38,9 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "prune-telemetry": {"task": "orchestrator.telemetry.prune_samples", "schedule": 3600.0},
     # The overview's path mix and the deployment charts are rates between two scrapes.
     "collect-gateways": {"task": "orchestrator.telemetry.collect_gateways", "schedule": 30.0},
+    # Link telemetry: seconds of probe traffic per link every 5 minutes (PDBRIDGE_LINK_PROBE_S
+    # is what staleness is judged against; keep it equal to this period).
+    "probe-links": {"task": "orchestrator.telemetry.probe_links", "schedule": 300.0},
     "evaluate-alerts": {"task": "orchestrator.alerts.evaluate", "schedule": 60.0},
     # Idempotent per schedule-local hour: a minute's period applies a new hour within a minute.
     "apply-tidal": {"task": "orchestrator.schedules.apply_tidal", "schedule": 60.0},

@@ -85,13 +85,15 @@ DEFAULT_RULES: list[dict[str, Any]] = [
         "name": "link-rate-low",
         "layer": "link",
         "level": "critical",
-        "metric": "link_measured_mbit_s",
+        # A ratio, not Mbit/s: one threshold holds for a 1 Gbit/s and a 100 Gbit/s link.
+        "metric": "link_measured_ratio",
         "subject_type": LINK,
         "aggregate": "last",
         "comparison": "lt",
-        "threshold": 1000.0,
+        "threshold": 0.5,
         "window_s": 900,
-        "summary": "Measured WAN rate under 1 Gbit/s: long prompts cannot ship their KV in time.",
+        "summary": "Measured WAN rate under half the provisioned rate: long prompts may not "
+        "ship their KV in time.",
     },
     # service
     {

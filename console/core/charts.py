@@ -44,10 +44,13 @@ def time_chart(
     step: bool = False,
     from_zero: bool = False,
     height: int = 260,
+    events: Sequence[tuple[datetime, str]] = (),
 ) -> str:
     """Lines over time (one per key of ``lines``), with optional horizontal limit lines
-    (``{"ceiling": 0.7}``). A line named after a path (``remote``, ``local p99``) takes that
-    path's colour, dashed for p99. ``hint`` says where the data comes from when there is none."""
+    (``{"ceiling": 0.7}``) and vertical event markers (``[(at, "v12")]``: config versions, so
+    "the link changed" and "the configuration changed" are one look). A line named after a
+    path (``remote``, ``local p99``) takes that path's colour, dashed for p99. ``hint`` says
+    where the data comes from when there is none."""
     if not any(lines.values()):
         return empty_chart(title, hint)
     import plotly.graph_objects as go  # heavy import, only for pages that draw
@@ -77,6 +80,14 @@ def time_chart(
             annotation_text=label,
             annotation_position="top left",
         )
+    first = min((at for points in lines.values() for at, _ in points), default=None)
+    for at, label in events:
+        if first is not None and at >= first:  # only events inside the charted window
+            fig.add_vline(x=at, line={"dash": "dot", "color": "#8250df", "width": 1})
+            fig.add_annotation(
+                x=at, y=1, yref="paper", text=label, showarrow=False, yanchor="bottom",
+                font={"size": 10, "color": "#8250df"},
+            )  # fmt: skip
     fig.update_layout(
         title={"text": title, "font": {"size": 14}},
         yaxis_title=y_title,

@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
+from django.utils import timezone
 
 from console.core.models import Timestamped
 from console.inventory.choices import NodeStatus, SiteRole
@@ -291,3 +292,12 @@ class Link(Timestamped):
 
     def __str__(self) -> str:
         return f"{self.from_site_id and self.from_site.name} -> {self.to_site_id and self.to_site.name}"
+
+    @property
+    def measurement_stale(self) -> bool:
+        """No measurement, or one older than three periods of the link probe job
+        (``LINK_PROBE_S``): the job has not run, or every round was skipped or failed."""
+        if self.measured_at is None:
+            return True
+        age = (timezone.now() - self.measured_at).total_seconds()
+        return age > 3 * settings.LINK_PROBE_S

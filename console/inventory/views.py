@@ -14,13 +14,17 @@ from django.views.decorators.http import require_GET
 
 from console.core.charts import time_chart
 from console.core.pages import page_view, paginate
+from console.deployments.models import ConfigSnapshot
 from console.inventory.choices import NodeStatus
 from console.inventory.models import Link, Node, Site
 from console.telemetry import names
 from console.telemetry.charts import ChartSpec, history_charts
 from console.telemetry.models import MetricSample
+from console.telemetry.selectors import latest
 
 HISTORY = timedelta(days=1)
+#: Config versions marked on a link's charts (the newest; more would hide the lines).
+MAX_EVENTS = 40
 
 
 @page_view
@@ -109,11 +113,13 @@ def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
 def link_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """One link: latest probe and its bandwidth, RTT and utilisation history."""
     link = get_object_or_404(Link.objects.select_related("from_site", "to_site"), pk=pk)
+    since = timezone.now() - HISTORY
     charts = history_charts(
         subject=link,
-        since=timezone.now() - HISTORY,
-        hint="Bandwidth probes (deployment step 2, pdbridge kv probe) and the kv-link's "
-        "counters add points.",
+        since=since,
+        hint="The link probe job (every PDBRIDGE_LINK_PROBE_S), deployment step 2 and the "
+        "gateways' utilisation add points.",
+        events=config_events(link, since),
         specs=[
             ChartSpec(
                 "Measured bandwidth",
@@ -131,4 +137,27 @@ def link_detail(request: HttpRequest, pk: int) -> HttpResponse:
             ),
         ],
     )
-    return render(request, "inventory/link_detail.html", {"link": link, "charts": charts})
+    last_probe = latest(subject=link, name=names.LINK_MEASURED_MBIT_S)
+    return render(
+        request,
+        "inventory/link_detail.html",
+        {"link": link, "charts": charts, "last_probe": last_probe[1] if last_probe else None},
+    )
+
+
+def config_events(link: Link, since: datetime) -> list[tuple[datetime, str]]:
+    """The config versions, since ``since``, of the deployments that send KV over ``link``
+    (a prefill pool at its source, a decode pool at its destination): the chart markers that
+    tell "the link changed" from "the configuration changed"."""
+    snapshots = (
+        ConfigSnapshot.objects.filter(
+            deployment__pools__role="prefill",
+            deployment__pools__site=link.from_site_id,
+            created_at__gte=since,
+        )
+        .filter(deployment__pools__role="decode", deployment__pools__site=link.to_site_id)
+        .select_related("deployment")
+        .distinct()
+        .order_by("-created_at")[:MAX_EVENTS]
+    )
+    return [(s.created_at, f"{s.deployment.name} v{s.version}") for s in reversed(snapshots)]

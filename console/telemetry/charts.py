@@ -3,6 +3,7 @@ per ``ChartSpec``. Called by page views while rendering (blocking)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -25,10 +26,15 @@ class ChartSpec:
 
 
 def history_charts(
-    *, subject: models.Model, since: datetime, hint: str, specs: list[ChartSpec]
+    *,
+    subject: models.Model,
+    since: datetime,
+    hint: str,
+    specs: list[ChartSpec],
+    events: Sequence[tuple[datetime, str]] = (),
 ) -> list[str]:
     """The charts of ``specs`` over ``subject``'s samples since ``since``; ``hint`` says what
-    records them (shown by charts that have no data)."""
+    records them (shown by charts that have no data); ``events`` are marked on every chart."""
     wanted = sorted({name for spec in specs for name in spec.lines.values()})
     data = series_by_label(subject=subject, names=wanted, since=since)
     return [
@@ -40,6 +46,7 @@ def history_charts(
             limits=spec.limits,
             step=spec.step,
             from_zero=spec.from_zero,
+            events=events,
         )
         for spec in specs
     ]

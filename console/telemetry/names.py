@@ -12,6 +12,8 @@ NODE_CHILDREN_TOTAL = "node_children_total"
 # inventory.link (bandwidth probes, the kv-link's own counters)
 LINK_MEASURED_MBIT_S = "link_measured_mbit_s"
 LINK_RTT_MS = "link_rtt_ms"
+#: measured / provisioned rate (the link alert compares this, so it holds for any link size)
+LINK_RATE_RATIO = "link_measured_ratio"
 LINK_UTILIZATION = "link_utilization_ratio"
 
 # deployments.deployment (the gateway's metrics, scraped)

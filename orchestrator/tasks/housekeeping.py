@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from orchestrator.celery import app
 
 
@@ -42,3 +44,18 @@ def collect_gateways() -> dict[str, int]:
     from orchestrator import telemetryops
 
     return telemetryops.collect()
+
+
+@app.task(
+    name="orchestrator.telemetry.probe_links",
+    acks_late=True,
+    soft_time_limit=120,
+    time_limit=150,
+)
+def probe_links() -> dict[str, Any]:
+    """Every ``LINK_PROBE_S``: a short bandwidth / RTT probe of each link a serving deployment
+    uses (skipped during its drills and while the link is at its ceiling); see
+    ``orchestrator.linkops``."""
+    from orchestrator import linkops
+
+    return linkops.probe_all()

@@ -159,19 +159,16 @@ def test_lower_than_rules_min_level_and_disabled_rules(world, receiver):
 
 def test_last_aggregate_uses_the_most_recent_sample(world):
     sample_record(
-        subject=world.link,
-        name="link_measured_mbit_s",
-        value=50_000,
-        at=NOW - timedelta(seconds=60),
+        subject=world.link, name="link_measured_ratio", value=0.9, at=NOW - timedelta(seconds=60)
     )
     sample_record(
-        subject=world.link, name="link_measured_mbit_s", value=400, at=NOW - timedelta(seconds=1)
+        subject=world.link, name="link_measured_ratio", value=0.3, at=NOW - timedelta(seconds=1)
     )
 
     alerts_evaluate(now=NOW)
 
     alert = Alert.objects.get(rule_name="link-rate-low")
-    assert alert.value == 400
+    assert alert.value == 0.3
     assert alert.level == "critical"
 
 

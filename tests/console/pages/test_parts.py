@@ -153,6 +153,33 @@ def test_heartbeats_record_history_for_the_node_page(world, client_as):
     assert html.count("plotly-graph-div") == 2
 
 
+def test_link_page_marks_config_versions_and_flags_a_stale_measurement(world, client_as, settings):
+    from console.deployments.services import deployment_update
+
+    now = timezone.now()
+    for minutes, mbit_s in ((30, 900.0), (10, 400.0)):
+        sample_record(
+            subject=world.link,
+            name=names.LINK_MEASURED_MBIT_S,
+            value=mbit_s,
+            at=now - timedelta(minutes=minutes),
+        )
+    deployment_update(actor=None, deployment=world.deployment, reason="t", checksum=False)
+    version = world.deployment.version
+    settings.LINK_PROBE_S = 60  # stale after 3 minutes
+    world.link.measured_mbit_s, world.link.measured_at = 900.0, now - timedelta(minutes=10)
+    world.link.save()
+
+    html = client_as("viewer").get(f"/links/{world.link.pk}/").content.decode()
+
+    assert f"{world.deployment.name} v{version}" in html  # the marker's label
+    assert "400</b><span>last probe Mbit/s" in html
+    assert 'badge warn">stale' in html
+    settings.LINK_PROBE_S = 3600
+    html = client_as("viewer").get(f"/links/{world.link.pk}/").content.decode()
+    assert 'badge warn">stale' not in html
+
+
 def test_security_page_flags_expiring_and_missing_tls(world, client_as):
     now = timezone.now()
     node_heartbeat(

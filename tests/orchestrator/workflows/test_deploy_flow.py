@@ -34,6 +34,7 @@ from console.inventory.services import node_token_issue, node_update
 from console.rollouts.services import rollout_plan_create
 from console.runs import services as run_services
 from console.runs.models import WorkflowRun
+from console.telemetry.models import MetricSample
 from grpc_kv.tls import TLSConfig
 from tests.console.factories import LinkFactory, ModelSpecFactory, SiteFactory, make_deployment
 from tests.orchestrator.conftest import _database_url
@@ -534,6 +535,74 @@ def test_redis_restarted_mid_canary_and_the_canary_continues(start_worker, db_op
     assert steps["share_50"].finished_at.timestamp() > restarted_at
     assert all(g["passed"] for g in steps["share_100"].evidence["gates"])
     assert world.deployment.remote_share_percent == 100
+
+
+def _probe_round(world: World, after: Any) -> MetricSample:
+    """Queue the beat's probe-links job (a real worker runs it) and wait for its sample."""
+    from orchestrator.tasks.housekeeping import probe_links
+
+    link = Link.objects.get()
+    probe_links.delay()
+    return wait_for(
+        lambda: MetricSample.objects.filter(
+            subject_type="inventory.link", subject_id=str(link.pk), name="link_measured_ratio",
+            at__gt=after,
+        ).last(),
+        timeout=120, what="a link probe sample",
+    )  # fmt: skip
+
+
+def test_link_probe_job_charts_the_link_and_a_throttled_link_fires_link_rate_low(
+    start_worker, db_open
+):
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+    from django.utils import timezone
+
+    from console.alerts.models import Alert
+    from console.alerts.services import alerts_evaluate
+    from console.core.choices import Role
+    from console.core.roles import role_group
+    from console.inventory.services import link_update
+
+    world = db_open
+    start_worker(stale_s=3)
+    assert world.deployment.state == "active"  # the deploy tests above left it serving
+    started = timezone.now()
+    first = _probe_round(world, started)
+    measured = first.value * Link.objects.get().provisioned_mbit_s
+    assert measured > 0
+    # Provisioned well under what this machine's probe reaches unthrottled, so the rule's 0.5
+    # holds a wide margin both ways (a 2-core host measures a fraction of the tbf rate).
+    link_update(actor=None, link=Link.objects.get(), provisioned_mbit_s=max(1, int(measured * 0.6)))
+    alerts_evaluate(now=timezone.now(), notify=False)
+    assert not Alert.objects.filter(rule_name="link-rate-low", state="firing").exists()
+
+    world.sites.shape(max(measured / 12, 2.0))
+    try:
+        throttled = _probe_round(world, first.at)
+        assert throttled.value < 0.5, throttled.labels
+        alerts_evaluate(now=timezone.now(), notify=False)
+        alert = Alert.objects.get(rule_name="link-rate-low", state="firing")
+        assert alert.value == pytest.approx(throttled.value)
+    finally:
+        world.sites.shape(topo.WAN_MBIT)
+    restored = _probe_round(world, throttled.at)
+    assert restored.value > 0.5, restored.labels
+    alerts_evaluate(now=timezone.now(), notify=False)
+    alert.refresh_from_db()
+    assert alert.state == "resolved"
+
+    # The link page charts the three probes, with the deployment's config versions marked.
+    viewer = get_user_model().objects.create_user(username="link-viewer", password="pw-1-tests")
+    viewer.groups.add(role_group(Role.VIEWER))
+    client = Client()
+    client.force_login(viewer)
+    page = client.get(f"/links/{Link.objects.get().pk}/").content.decode()
+    assert "Measured bandwidth" in page
+    assert "No data yet" not in page.split("Round-trip")[0]
+    assert f"flows v{world.deployment.version}" in page
+    assert "stale" not in page.split("last probe")[1][:80]
 
 
 def test_canary_gate_failure_on_wan_latency_rolls_back_to_zero(start_worker, db_open):
