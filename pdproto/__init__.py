@@ -14,8 +14,16 @@ beside the gateway and the reference engine. ``tests/test_import_direction.py`` 
 
 from __future__ import annotations
 
-from pdproto.causes import FALLBACK_CAUSES
-from pdproto.http import PATH_HEADER, PATHS, REQUEST_ID_HEADER
+from pdproto.causes import FAILOVER_CAUSES, FALLBACK_CAUSES
+from pdproto.http import (
+    ATTEMPTS,
+    FAILOVER_CAUSE_HEADER,
+    FAILOVER_FROM_HEADER,
+    PATH_HEADER,
+    PATHS,
+    REQUEST_ID_HEADER,
+    SITE_HEADER,
+)
 from pdproto.kv import (
     KV_ERROR_TYPE,
     KV_IMPORT_REFUSED,
@@ -27,6 +35,10 @@ from pdproto.kv import (
 )
 
 __all__ = [
+    "ATTEMPTS",
+    "FAILOVER_CAUSES",
+    "FAILOVER_CAUSE_HEADER",
+    "FAILOVER_FROM_HEADER",
     "FALLBACK_CAUSES",
     "KV_ERROR_TYPE",
     "KV_IMPORT_REFUSED",
@@ -36,6 +48,7 @@ __all__ = [
     "PATH_HEADER",
     "PULL_PREFILL_KV",
     "REQUEST_ID_HEADER",
+    "SITE_HEADER",
     "pulled_kv_params",
     "push_kv_params",
 ]

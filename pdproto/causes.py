@@ -1,7 +1,9 @@
 """The gateway's fallback causes: why a request meant for the remote path was served by local
 prefill. They label ``pdbridge_gateway_fallbacks_total`` and the ``fallback_reason`` of the
 answer; an engine or connector that wants the gateway to name a cause answers the matching
-KV error code (:mod:`pdproto.kv`)."""
+KV error code (:mod:`pdproto.kv`). :data:`FAILOVER_CAUSES`, a subset, are the causes for which
+a remote request is first sent to another prefill site (``pdbridge_gateway_prefill_failovers_total``
+and the ``x-pdbridge-failover-cause`` header of the answer)."""
 
 from __future__ import annotations
 
@@ -39,3 +41,12 @@ FALLBACK_CAUSES = (
     KV_TIMEOUT,
     DECODE_ERROR,
 )
+
+#: The causes that send a remote request to the next-best prefill site (once, with a fresh
+#: transfer id) before local fallback: failures of the prefill leg before any KV reached the
+#: decode engine -- its site's breaker tripped before the leg left, it could not connect or
+#: answered 5xx / refused (``prefill_error``), it ran past its site timeout
+#: (``prefill_timeout``), or the decode site's receiver refused that site's engine
+#: (``kv_peer_refused``). A failure the decode engine saw (damaged, refused or late KV) and
+#: the decode leg's own failures never fail over: the request's KV deadline is spent.
+FAILOVER_CAUSES = (BREAKER_OPEN, PREFILL_ERROR, PREFILL_TIMEOUT, KV_PEER_REFUSED)

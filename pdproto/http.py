@@ -9,3 +9,12 @@ PATH_HEADER = "x-pdbridge-path"
 PATHS = ("remote", "local", "fallback")
 #: The request id, taken from the client or generated, passed to every leg and echoed back.
 REQUEST_ID_HEADER = "x-request-id"
+#: The remote prefill site whose KV served a ``remote`` answer.
+SITE_HEADER = "x-pdbridge-prefill-site"
+#: On an answer whose first prefill site failed and was failed over: that site, and the
+#: cause (one of :data:`pdproto.causes.FAILOVER_CAUSES`).
+FAILOVER_FROM_HEADER = "x-pdbridge-failover-from"
+FAILOVER_CAUSE_HEADER = "x-pdbridge-failover-cause"
+#: Which prefill attempt served a remote answer: the first site chosen, or the site failed
+#: over to (label ``attempt`` of ``pdbridge_gateway_remote_served_total``).
+ATTEMPTS = ("first", "failover")
