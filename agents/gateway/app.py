@@ -1,7 +1,8 @@
 """The gateway's request handling and aiohttp application: OpenAI-compatible endpoints that
 route each request to the remote path (prefill leg at a remote site + decode leg at the local
-decode pool, sent concurrently) or the local path, with budgeted fallback, pass-through
-streaming, metrics and ``/debug/routing``.
+decode pool, sent concurrently: :mod:`agents.gateway.remote`, with failover across prefill
+sites) or the local path, with budgeted fallback, pass-through streaming, metrics and
+``/debug/routing``.
 
 Who calls it: :mod:`agents.gateway.cli` (``pdbridge gateway``) and tests, through
 :func:`build_app`; the completions requests that the gateway's own server takes
@@ -18,9 +19,7 @@ import logging
 import os
 import ssl
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -28,9 +27,7 @@ from aiohttp import web
 from agents.gateway.access import ClientKeys, admit
 from agents.gateway.admission import Admission
 from agents.gateway.budget import FallbackBudget
-from agents.gateway.causes import kv_cause, prefill_cause
-from agents.gateway.config import DeploymentConfig, GatewaySettings, Instance
-from agents.gateway.decision import Decision
+from agents.gateway.config import DeploymentConfig, GatewaySettings
 from agents.gateway.endpoints import Endpoints
 from agents.gateway.length import capped, context_error, needs_count
 from agents.gateway.logs import request_id_var
@@ -40,7 +37,6 @@ from agents.gateway.outcomes import (
     Fallback,
     Rejected,
     instance_fault,
-    json_or_none,
     json_response,
     leg_error_response,
     overloaded_response,
@@ -48,34 +44,17 @@ from agents.gateway.outcomes import (
     retryable,
 )
 from agents.gateway.prefix import PrefixIndex
-from agents.gateway.proxy import AiohttpClient, Client, leg_body, relay
+from agents.gateway.proxy import AiohttpClient, Client, relay
+from agents.gateway.remote import ROUTES, Call, RemotePath, route_headers
 from agents.gateway.state import Router
-from agents.gateway.upstream import LegError, LegResponse, Upstream, first_chunk
-from pdproto.kv import KV_PEER_REFUSED, PULL_PREFILL_KV, pulled_kv_params, push_kv_params
+from agents.gateway.upstream import LegError, Upstream, first_chunk
 
 log = logging.getLogger("pdbridge.gateway")
 
 GATEWAY_KEY = web.AppKey("gateway", object)
 
-ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
-
-@dataclass(frozen=True, slots=True)
-class _Call:
-    """One request as the serving methods need it."""
-
-    client: Client
-    kind: Kind
-    arrived: float
-    request_id: str
-    raw: bytes
-    body: dict[str, Any]
-    parsed: ParsedRequest
-    config: DeploymentConfig
-    decision: Decision
-
-
-class Gateway(Endpoints):
+class Gateway(Endpoints, RemotePath):
     """Request handling. One instance per process; holds the router, budget, metrics, client."""
 
     def __init__(
@@ -225,18 +204,12 @@ class Gateway(Endpoints):
             config, key, prompt_tokens, self._cached_tokens(parsed, config)
         )
         self.metrics.decision(decision.path, decision.reason)
-        call = _Call(client, kind, arrived, request_id, raw, body, parsed, config, decision)
-        exclude: frozenset[str] = frozenset()
+        call = Call(client, kind, arrived, request_id, raw, body, parsed, config, decision)
         if decision.path == "remote":
-            try:
-                return await self._serve(call, "remote")
-            except Fallback as fallback:
-                cause, exclude = fallback.cause, fallback.exclude
-        elif decision.wants_remote:
-            cause = decision.reason
-        else:
-            return await self._serve(call, "local")
-        return await self._fallback(call, cause, exclude)
+            return await self._remote(call)
+        if decision.wants_remote:
+            return await self._fallback(call, decision.reason)
+        return await self._serve(call, "local")
 
     def _chars_per_token(self, config: DeploymentConfig) -> float:
         """The model's tokenizer ratio from the snapshot, else the gateway's setting."""
@@ -287,7 +260,7 @@ class Gateway(Endpoints):
 
     # -- serving -------------------------------------------------------------------------
     async def _serve(
-        self, call: _Call, path: str, exclude: frozenset[str] = frozenset()
+        self, call: Call, path: str, exclude: frozenset[str] = frozenset()
     ) -> web.StreamResponse | None:
         """Serve on ``path``: the remote legs, or one local leg (``local``/``fallback``) --
         sent again to another decode instance (``decode_retries``) when it failed at its
@@ -303,6 +276,9 @@ class Gateway(Endpoints):
         try:
             if path == "remote":
                 upstream, first = await self._remote_legs(call, decode)
+                self.metrics.remote_served(
+                    call.decision.site or "", "failover" if call.failover else "first"
+                )
             else:
                 tried, retries = set(exclude), self.settings.decode_retries
                 while True:
@@ -343,10 +319,12 @@ class Gateway(Endpoints):
                         self.router.end(decode.url)
                         decode = again
                         self.router.begin(decode.url)
-            headers = {"x-request-id": request_id, "x-pdbridge-path": path}
-            result = await relay(call.client, upstream, first, headers)
+            result = await relay(call.client, upstream, first, route_headers(call, path))
             outcome = "ok" if result.ok else "upstream_error"
             ttft = result.first_at - call.arrived
+            if call.parsed.stream and path != "fallback" and call.failover is None:
+                # A streamed answer's first byte is its first token (a body's is its last).
+                self.router.ttft_sample(config, path, call.decision.incremental_tokens, ttft)
             if result.events > 1:
                 tpot = (result.last_at - result.first_at) / (result.events - 1)
             return call.client.response
@@ -372,166 +350,11 @@ class Gateway(Endpoints):
                 "gateway.request_done", extra={"path": path, "outcome": outcome or "fallback"}
             )
 
-    async def _remote_legs(self, call: _Call, decode: Instance) -> tuple[LegResponse, bytes]:
-        """Send the prefill and decode legs concurrently; return the decode leg and its first
-        bytes, or raise :class:`Fallback`. Both legs are cancelled on any exit but success.
-
-        Breaker verdict (once per request, for the site and the prefill instance): failure
-        when the prefill leg fails or the KV does not reach decode (decode error naming the
-        KV, or no first byte in time); success when decode produced its first byte or failed
-        for a reason of its own after a good prefill; none when the client went away."""
-        kind, body, config, request_id = call.kind, call.body, call.config, call.request_id
-        decision = call.decision
-        site = decision.site or ""
-        prefill = self.router.acquire_prefill(config, site)
-        if prefill is None:
-            raise Fallback("breaker_open")
-        pull = config.kv_mode == "pull"
-        decode_url = f"{decode.url}{ROUTES[kind]}"
-        if pull:
-            # vLLM's convention: the prefill engine answers with where its KV waits, and the
-            # decode leg (sent after that answer) carries it to the decode engine unchanged.
-            prefill_kv: dict[str, Any] = dict(PULL_PREFILL_KV)
-        else:
-            # The decode engine's KV error after kv_timeout_ms makes the gateway fall back.
-            prefill_kv, decode_kv = push_kv_params(
-                uuid.uuid4().hex, decode.kv_address, config.kv_timeout_ms / 1000
-            )
-        # Counted against the link now (requests routed meanwhile see it); given back unless
-        # the prefill leg went through (a refused or failed leg sent no KV).
-        link_entry = self.router.note_remote_tokens(site, decision.incremental_tokens)
-        self.router.begin(prefill.url, site)
-        started = time.monotonic()
-        prefill_task = asyncio.create_task(
-            self.upstream.call(
-                f"{prefill.url}{ROUTES[kind]}", leg_body(body, prefill_kv, prefill=True),
-                request_id, self.settings.prefill_timeout_s,
-            )
-        )  # fmt: skip
-        decode_task: asyncio.Task[tuple[LegResponse, bytes]] | None = None
-        if not pull:
-            decode_task = asyncio.create_task(
-                self._open_decode(decode_url, leg_body(body, decode_kv, prefill=False), request_id)
-            )
-        prefill_s: float | None = None
-        verdict: bool | None = None
-        success = False
-        at_instance = False
-        try:
-            done, _ = await asyncio.wait(
-                {t for t in (prefill_task, decode_task) if t is not None},
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            if prefill_task in done:
-                prefill_s = time.monotonic() - started
-                prefill_error = prefill_task.exception()
-                if isinstance(prefill_error, LegError) and rejects_request(prefill_error):
-                    # The engine refused the request itself (too long, bad parameter): the
-                    # client's error, not the site's; local would refuse it too.
-                    raise Rejected(prefill_error)
-                if prefill_error is not None:
-                    verdict = False
-                    cause = prefill_cause(prefill_error)
-                    at_instance = instance_fault(prefill_error) and cause != KV_PEER_REFUSED
-                    if at_instance:
-                        assert isinstance(prefill_error, LegError)  # noqa: S101 - implied
-                        self.router.leg_failed("prefill", site, prefill.url, prefill_error.cause)
-                    log.warning(
-                        "gateway.prefill_failed",
-                        extra={
-                            "site": site,
-                            "url": prefill.url,
-                            "cause": cause,
-                            "error": str(prefill_error)[:500],
-                        },
-                    )
-                    raise Fallback(cause)
-                self.router.leg_ok("prefill", site, prefill.url)
-            if decode_task is None:
-                pulled = pulled_kv_params(json_or_none(prefill_task.result()))
-                if pulled is None:
-                    verdict = False
-                    log.warning(
-                        "gateway.prefill_without_kv_params",
-                        extra={"site": site, "url": prefill.url},
-                    )
-                    raise Fallback("prefill_error")
-                decode_task = asyncio.create_task(
-                    self._open_decode(decode_url, leg_body(body, pulled, prefill=False), request_id)
-                )
-            if not decode_task.done():
-                # For streams the first event follows the KV, so the KV timeout bounds the
-                # wait; a non-streamed body arrives only when generation ends.
-                wait_s = (
-                    config.kv_timeout_ms / 1000 + self.settings.first_byte_grace_s
-                    if call.parsed.stream
-                    else self.settings.request_timeout_s
-                )
-                done, _ = await asyncio.wait({decode_task}, timeout=wait_s)
-                if not done:
-                    verdict = False
-                    log.warning("gateway.kv_timeout", extra={"site": site, "wait_s": wait_s})
-                    raise Fallback("kv_timeout")
-            decode_error = decode_task.exception()
-            if isinstance(decode_error, LegError) and rejects_request(decode_error):
-                verdict = True if prefill_s is not None else None
-                raise Rejected(decode_error)
-            if decode_error is not None:
-                kv_failure = kv_cause(decode_error)
-                verdict = False if kv_failure else (True if prefill_s is not None else None)
-                log.warning(
-                    "gateway.decode_leg_failed",
-                    extra={"url": decode.url, "error": str(decode_error)[:500]},
-                )
-                exclude: frozenset[str] = frozenset()
-                if instance_fault(decode_error):
-                    assert isinstance(decode_error, LegError)  # noqa: S101 - implied
-                    self.router.leg_failed(
-                        "decode", config.decode.name, decode.url, decode_error.cause
-                    )
-                    exclude = frozenset({decode.url})
-                raise Fallback(kv_failure or "decode_error", exclude)
-            self.router.leg_ok("decode", config.decode.name, decode.url)
-            verdict = True
-            success = True
-            return decode_task.result()
-        finally:
-            self.router.end(prefill.url, site)
-            if not success and decode_task is not None:
-                decode_task.cancel()
-                if (
-                    decode_task.done()
-                    and not decode_task.cancelled()
-                    and not decode_task.exception()
-                ):
-                    # The decode leg had answered but the request falls back (or was refused):
-                    # close that answer, which aborts the engine's work and its deadline.
-                    decode_task.result()[0].close()
-            kv_sent = success or (
-                prefill_task.done()
-                and not prefill_task.cancelled()
-                and not prefill_task.exception()
-            )
-            if not kv_sent:
-                self.router.release_remote_tokens(site, link_entry)
-            if not prefill_task.done():
-                prefill_task.cancel()
-            latency = prefill_s if prefill_s is not None else time.monotonic() - started
-            self.router.record_prefill(
-                site, prefill, verdict, latency, "remote_leg", instance_fault=at_instance
-            )
-
-    async def _open_decode(
-        self, url: str, body: bytes, request_id: str
-    ) -> tuple[LegResponse, bytes]:
-        response = await self.upstream.open(url, body, request_id, self.settings.request_timeout_s)
-        return response, await first_chunk(response)
-
     async def _fallback(
-        self, call: _Call, cause: str, exclude: frozenset[str] = frozenset()
+        self, call: Call, cause: str, exclude: frozenset[str] = frozenset()
     ) -> web.StreamResponse | None:
         """Serve by local prefill within the budget (503 with retry-after beyond it)."""
-        headers = {"x-request-id": call.request_id, "x-pdbridge-path": "fallback"}
+        headers = route_headers(call, "fallback")
         if not call.config.fallback_to_local_prefill:
             self.metrics.request("fallback", "rejected")
             doc = error_body(

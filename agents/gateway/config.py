@@ -306,6 +306,26 @@ class GatewaySettings:
     #: A request whose decode leg failed before any byte reached the client is sent again
     #: to another decode instance this many times (0: never).
     decode_retries: int = 1
+    #: Failover across prefill sites (docs/gateway.md, "Failover across prefill sites"): a
+    #: remote request whose prefill leg failed before any KV reached the decode engine (its
+    #: cause one of ``pdproto.causes.FAILOVER_CAUSES``) is sent again, with a fresh transfer
+    #: id, to the next-best site this many times before local fallback (0: never).
+    prefill_failovers: int = 1
+    #: The site timeout of a prefill leg that can still fail over, as a fraction (0-1] of
+    #: the request's TTFT budget: ``min(prefill_timeout_s, kv_transfer.timeout_ms)`` in push
+    #: mode (the decode engine gives up on the KV after the latter anyway), ``prefill_timeout_s``
+    #: in pull mode. A leg with no site left to fail over to waits what is left of
+    #: ``prefill_timeout_s``, as a single site's leg always did.
+    prefill_site_timeout_fraction: float = 0.5
+    #: Prefill latency in the site score: each site's EWMA of its prefill legs' TTFT (a
+    #: failed leg counts as its whole site timeout; ``latency_ewma_alpha``: weight of a new
+    #: sample, also of the re-tuner's TTFT averages) scales its score by ``floor / (floor +
+    #: EWMA)`` (``prefill_latency_floor_s``: latencies well below it barely matter); the
+    #: penalty halves every ``prefill_latency_halflife_s`` without a sample, so a site avoided
+    #: for being slow is tried again.
+    latency_ewma_alpha: float = 0.3
+    prefill_latency_floor_s: float = 0.1
+    prefill_latency_halflife_s: float = 30.0
     #: Admission control (agents.gateway.admission): completions requests served at once
     #: (0: no limit), how many more may wait for one to end and for how long, and the
     #: ``Retry-After`` (seconds) of the 429 that any other request gets.
@@ -320,6 +340,16 @@ class GatewaySettings:
     retune_step: float = 1.25
     retune_max_factor: float = 4.0
     queue_high_water: float = 8.0
+    #: Re-tuning from measured TTFT (streamed requests near the threshold, per 1,000
+    #: incremental tokens, EWMA with ``latency_ewma_alpha``): remote / local at or above
+    #: ``retune_ttft_raise_at`` raises the threshold; at or below ``retune_ttft_lower_at``
+    #: (and no pressure) lowers it, down to ``retune_min_factor`` (the operator's lower bound;
+    #: 1.0: never below the configured threshold). Each path needs
+    #: ``retune_ttft_min_samples`` samples before the ratio counts.
+    retune_min_factor: float = 1.0
+    retune_ttft_raise_at: float = 1.0
+    retune_ttft_lower_at: float = 0.8
+    retune_ttft_min_samples: int = 5
     #: How often engine ``/metrics`` are scraped for queue depth (0: never).
     scrape_interval_s: float = 2.0
     #: Window over which routed prompt tokens estimate each link's utilisation, and the KV
@@ -391,6 +421,9 @@ class GatewaySettings:
             step=self.retune_step,
             max_factor=self.retune_max_factor,
             queue_high_water=self.queue_high_water,
+            min_factor=self.retune_min_factor,
+            ttft_raise_at=self.retune_ttft_raise_at,
+            ttft_lower_at=self.retune_ttft_lower_at,
         )
 
 
@@ -409,6 +442,15 @@ def settings_from_mapping(data: Mapping[str, Any]) -> GatewaySettings:
             values[key] = int(number) if isinstance(default, int) else number
         else:
             values[key] = _str(value, f"settings.{key}")
+    for key in ("prefill_site_timeout_fraction", "latency_ewma_alpha"):
+        if key in values and not 0 < values[key] <= 1:
+            raise ConfigError(f"settings.{key}: must be within (0, 1], got {values[key]!r}")
+    low, high = values.get("retune_min_factor", 1.0), values.get("retune_max_factor", 4.0)
+    if not 0 < low <= 1 or high < 1:
+        raise ConfigError(
+            "settings.retune_min_factor, settings.retune_max_factor: need "
+            f"0 < min <= 1 <= max, got {low!r}, {high!r}"
+        )
     if values.get("event_loop", "auto") not in EVENT_LOOPS:
         raise ConfigError(f"settings.event_loop: must be one of {', '.join(EVENT_LOOPS)}")
     return GatewaySettings(**values)

@@ -14,7 +14,9 @@ Rules, in order (the first that fails keeps the request local and names itself a
 4. at least one remote site whose breaker allows traffic (``breaker_open`` otherwise);
 5. ... and whose link utilisation is under its ceiling (``link_saturated`` otherwise).
 
-Among the sites that pass 4 and 5 the one with the highest :func:`site_score` wins.
+Among the sites that pass 4 and 5 the one with the highest :func:`site_score` wins (a
+request whose prefill leg fails there may be sent to the next one: ``choose_site`` with the
+sites already tried left out).
 A request that passed 1-3 but failed 4 or 5 *wanted* the remote path: the server serves it
 by local prefill as a **fallback**, which the fallback budget bounds.
 """
@@ -77,6 +79,8 @@ class SiteView:
     ``utilization``: estimated fraction (0-1) of the link's capacity in use now.
     ``ceiling``: the link's utilisation ceiling (0-1). ``bandwidth_mbit_s``: measured link
     bandwidth if known, else provisioned. ``queue_depth``: requests waiting at the site.
+    ``latency_factor``: (0-1], from the site's measured prefill latency (1: not measured;
+    see ``Router.latency_factors``).
     """
 
     name: str
@@ -85,6 +89,7 @@ class SiteView:
     utilization: float
     ceiling: float
     bandwidth_mbit_s: float
+    latency_factor: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,13 +107,20 @@ class Decision:
 
 def site_score(site: SiteView) -> float:
     """Higher is better: bandwidth times the fraction of the ceiling still free, divided by
-    the queue ahead. A site at or over its ceiling scores 0 and is never chosen."""
+    the queue ahead, times the latency factor (a site whose prefill legs take ten times
+    another's scores about a tenth of it, other things equal). A site at or over its ceiling scores 0 and is never
+    chosen."""
     if site.ceiling <= 0:
         return 0.0
     headroom = (site.ceiling - site.utilization) / site.ceiling
     if headroom <= 0:
         return 0.0
-    return max(site.bandwidth_mbit_s, 1.0) * headroom / (1.0 + max(site.queue_depth, 0.0))
+    return (
+        max(site.bandwidth_mbit_s, 1.0)
+        * headroom
+        / (1.0 + max(site.queue_depth, 0.0))
+        * site.latency_factor
+    )
 
 
 def choose_site(sites: Sequence[SiteView]) -> tuple[SiteView | None, str]:

@@ -12,6 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from agents.gateway.access import ClientKeys, admit
 from agents.gateway.admission import Admission
 from agents.gateway.budget import FallbackBudget
+from agents.gateway.decision import site_score
 from agents.gateway.metrics import GatewayMetrics
 from agents.gateway.state import Router
 
@@ -92,4 +93,11 @@ class Endpoints:
         for view in router.site_views(config):
             m.site_queue.labels(view.name).set(view.queue_depth)
             m.site_utilization.labels(view.name).set(view.utilization)
+            m.site_score.labels(view.name).set(site_score(view) if view.available else 0.0)
+            stats = router.stats.get(view.name)
+            if stats is not None and stats.latency is not None and stats.latency.value is not None:
+                m.site_latency.labels(view.name).set(stats.latency.value)
+        ratio = router.ttft.ratio()
+        if ratio is not None:
+            m.ttft_ratio.set(ratio)
         m.pools(router.pools.values(), router.instance_inflight)

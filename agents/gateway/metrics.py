@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from agents.gateway.decision import REASONS
-from pdproto.causes import FALLBACK_CAUSES
-from pdproto.http import PATHS
+from pdproto.causes import FAILOVER_CAUSES, FALLBACK_CAUSES
+from pdproto.http import ATTEMPTS, PATHS
 
 if TYPE_CHECKING:
     from agents.gateway.health import InstanceHealth, PoolHealth
@@ -157,6 +157,30 @@ class GatewayMetrics:
             "pdbridge_gateway_admission_in_flight", "Completions requests admitted and not "
             "ended.", registry=r,
         )  # fmt: skip
+        self.failovers = Counter(
+            "pdbridge_gateway_prefill_failovers", "Remote requests sent on to another prefill "
+            "site after their site's prefill leg failed before any KV reached decode, by the "
+            "site failed over from and to and the cause.", ["from_site", "to_site", "cause"],
+            registry=r,
+        )  # fmt: skip
+        self.served = Counter(
+            "pdbridge_gateway_remote_served", "Remote requests whose decode leg got its KV "
+            "from the site, by attempt (first: the site chosen; failover: the site failed "
+            "over to).", ["site", "attempt"], registry=r,
+        )  # fmt: skip
+        self.site_latency = Gauge(
+            "pdbridge_gateway_site_prefill_latency_seconds", "EWMA of the site's prefill "
+            "legs' TTFT (a failed leg counts as its site timeout).", ["site"], registry=r,
+        )  # fmt: skip
+        self.site_score = Gauge(
+            "pdbridge_gateway_site_score", "The site's routing score now (highest wins; 0: "
+            "unavailable or saturated).", ["site"], registry=r,
+        )  # fmt: skip
+        self.ttft_ratio = Gauge(
+            "pdbridge_gateway_remote_local_ttft_ratio", "Remote / local TTFT per 1,000 "
+            "prompt tokens of streamed requests near the threshold (the re-tuner's input; "
+            "absent until both are measured).", registry=r,
+        )  # fmt: skip
         self.admission_queued = Gauge(
             "pdbridge_gateway_admission_queued", "Requests waiting for admission.", registry=r
         )
@@ -173,6 +197,25 @@ class GatewayMetrics:
         self._tpot = {p: self.tpot.labels(p) for p in PATHS}
         self._e2e = {p: self.e2e.labels(p) for p in PATHS}
         self._inflight = {p: self.inflight.labels(p) for p in PATHS}
+        self._failovers: dict[tuple[str, str, str], Any] = {}
+        self._served: dict[tuple[str, str], Any] = {}
+
+    def failover(self, from_site: str, to_site: str, cause: str) -> None:
+        """A remote request failed at ``from_site`` (``cause``, one of FAILOVER_CAUSES) and
+        was sent on to ``to_site``."""
+        key = (from_site, to_site, cause if cause in FAILOVER_CAUSES else "prefill_error")
+        child = self._failovers.get(key)
+        if child is None:
+            child = self._failovers[key] = self.failovers.labels(*key)
+        child.inc()
+
+    def remote_served(self, site: str, attempt: str) -> None:
+        """A remote request got its KV from ``site`` (``attempt``: one of ATTEMPTS)."""
+        key = (site, attempt if attempt in ATTEMPTS else "first")
+        child = self._served.get(key)
+        if child is None:
+            child = self._served[key] = self.served.labels(*key)
+        child.inc()
 
     def ejected(self, pool: PoolHealth, inst: InstanceHealth, cause: str) -> None:
         """Outlier detection ejected ``inst`` from ``pool``."""

@@ -2,9 +2,11 @@
 
 Holds the current snapshot, the breakers (one per remote site, one per remote instance), the
 threshold tuner, the per-site load signals (queue depth scraped from engine metrics plus the
-gateway's own in-flight legs) and the link-utilisation estimate (prompt tokens routed to a
+gateway's own in-flight legs), the link-utilisation estimate (prompt tokens routed to a
 site in the last ``utilization_window_s`` x KV bytes per token, against the link's
-bandwidth). Event-loop only, never blocks, never raises on the request path.
+bandwidth), each site's prefill latency (EWMA of its prefill legs' TTFT, in the site score)
+and the remote/local TTFT the re-tuner compares. Event-loop only, never blocks, never raises
+on the request path.
 """
 
 from __future__ import annotations
@@ -14,13 +16,21 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from agents.gateway.breaker import CircuitBreaker
 from agents.gateway.config import DeploymentConfig, GatewaySettings, Instance, Site
-from agents.gateway.decision import Decision, RoutingPolicy, SiteView, decide
+from agents.gateway.decision import (
+    Decision,
+    RoutingPolicy,
+    SiteView,
+    choose_site,
+    decide,
+    site_score,
+)
 from agents.gateway.health import InstanceHealth, PoolHealth, pick
-from agents.gateway.tuning import ThresholdTuner, site_pressure
+from agents.gateway.tuning import Ewma, ThresholdTuner, TtftRatio, site_pressure
 
 log = logging.getLogger("pdbridge.gateway")
 
@@ -35,6 +45,9 @@ class SiteStats:
     #: request whose prefill leg did not go through can give its tokens back in place).
     tokens: deque[list[float]] = field(default_factory=deque)
     token_sum: float = 0
+    #: EWMA of the site's prefill legs' TTFT (seconds) and when its last sample came.
+    latency: Ewma | None = None
+    latency_at: float = 0.0
 
 
 class Router:
@@ -45,6 +58,10 @@ class Router:
         self.clock = clock
         self.config: DeploymentConfig | None = None
         self.tuner = ThresholdTuner(settings.tuning())
+        self.ttft = TtftRatio(settings.latency_ewma_alpha, settings.retune_ttft_min_samples)
+        #: The re-tuner's last changes, newest last (``/debug/routing``).
+        self.threshold_changes: deque[dict[str, Any]] = deque(maxlen=20)
+        self.last_pressure: float | None = None
         self.site_breakers: dict[str, CircuitBreaker] = {}
         self.instance_breakers: dict[str, CircuitBreaker] = {}
         self.stats: dict[str, SiteStats] = {}
@@ -149,9 +166,50 @@ class Router:
         bits_per_s = stats.token_sum * per_token * 8 / self.settings.utilization_window_s
         return bits_per_s / (bandwidth_mbit_s * 1e6)
 
+    def record_latency(self, site: str, seconds: float) -> None:
+        """One prefill leg's TTFT at ``site`` (a failed leg: its whole site timeout)."""
+        stats = self.stats.get(site)
+        if stats is None:
+            return
+        if stats.latency is None:
+            stats.latency = Ewma(self.settings.latency_ewma_alpha)
+        stats.latency.add(max(seconds, 0.0))
+        stats.latency_at = self.clock()
+
+    def latency_factors(self, config: DeploymentConfig) -> dict[str, float]:
+        """Each measured site's latency factor (0-1] for the score, ``floor / (floor +
+        EWMA)`` (``prefill_latency_floor_s``: latencies well below it barely matter; sites
+        compare by the ratio of their factors, so a site ten times slower scores about a
+        tenth). Unmeasured sites are left out (1.0: tried, and so measured). A site's penalty
+        halves every ``prefill_latency_halflife_s`` without a sample, so a site avoided for
+        being slow is tried again once its penalty faded."""
+        floor = max(self.settings.prefill_latency_floor_s, 1e-3)
+        halflife = self.settings.prefill_latency_halflife_s
+        now = self.clock()
+        factors = {}
+        for site in config.prefill:
+            stats = self.stats.get(site.name)
+            latency = None if stats is None or stats.latency is None else stats.latency.value
+            if stats is None or latency is None:
+                continue
+            raw = floor / (floor + latency)
+            age = max(now - stats.latency_at, 0.0)
+            fade = 0.5 ** (age / halflife) if halflife > 0 else 1.0
+            factors[site.name] = 1.0 - (1.0 - raw) * fade
+        return factors
+
+    def next_site(self, config: DeploymentConfig, tried: frozenset[str]) -> str | None:
+        """The best site that can take a request now, leaving out ``tried`` (the sites this
+        request already failed at); None when there is none."""
+        views = [v for v in self.site_views(config) if v.name not in tried]
+        site, _ = choose_site(views)
+        return None if site is None else site.name
+
     def site_views(self, config: DeploymentConfig) -> list[SiteView]:
         """The decision core's view of every remote site now."""
         views = []
+        # One site has nobody to be compared with (and the lookups cost the hot path).
+        factors = self.latency_factors(config) if len(config.prefill) > 1 else {}
         for site in config.prefill:
             bandwidth, ceiling = self._link(config, site.name)
             stats = self.stats[site.name]
@@ -169,6 +227,7 @@ class Router:
                     ceiling=ceiling,
                     # An unknown link is treated as 1 Gbit/s for scoring only.
                     bandwidth_mbit_s=bandwidth or 1000.0,
+                    latency_factor=factors.get(site.name, 1.0),
                 )
             )
         return views
@@ -312,18 +371,33 @@ class Router:
             for v in self.site_views(config)
             if v.available
         ]
-        change = self.tuner.update(min(pressures) if pressures else None)
+        pressure = min(pressures) if pressures else None
+        ratio = self.ttft.ratio()
+        self.last_pressure = pressure
+        change = self.tuner.update(pressure, ratio)
         if change is not None:
-            log.info(
-                "gateway.threshold_retuned",
-                extra={
-                    "factor_from": round(change[0], 4),
-                    "factor_to": round(change[1], 4),
-                    "threshold_tokens": self.tuner.effective(config.threshold_tokens),
-                    "pressure": round(min(pressures), 4) if pressures else None,
-                },
-            )
+            record = {
+                "at": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                "factor_from": round(change[0], 4),
+                "factor_to": round(change[1], 4),
+                "threshold_tokens": self.tuner.effective(config.threshold_tokens),
+                "reason": self.tuner.last_reason,
+                "pressure": None if pressure is None else round(pressure, 4),
+                "ttft_ratio": None if ratio is None else round(ratio, 4),
+            }
+            self.threshold_changes.append(record)
+            log.info("gateway.threshold_retuned", extra=record)
         return change
+
+    def ttft_sample(self, config: DeploymentConfig, path: str, tokens: int, ttft_s: float) -> None:
+        """A streamed request's TTFT on ``path`` (``remote``: served by its first site;
+        ``local``), for the re-tuner's remote/local comparison."""
+        self.ttft.add(path, tokens, self.tuner.effective(config.threshold_tokens), ttft_s)
+
+    def _latency(self, site: str) -> float | None:
+        stats = self.stats.get(site)
+        value = None if stats is None or stats.latency is None else stats.latency.value
+        return None if value is None else round(value, 4)
 
     def debug(self) -> dict[str, Any]:
         """The ``/debug/routing`` document."""
@@ -331,6 +405,7 @@ class Router:
         if config is None:
             return {"config": None}
         views = {v.name: v for v in self.site_views(config)}
+        s = self.settings
         return {
             "config": {
                 "deployment": config.deployment_id,
@@ -343,6 +418,13 @@ class Router:
             },
             "effective_threshold_tokens": self.tuner.effective(config.threshold_tokens),
             "threshold_factor": round(self.tuner.factor, 4),
+            "tuning": {
+                "min_factor": s.retune_min_factor,
+                "max_factor": s.retune_max_factor,
+                "pressure": None if self.last_pressure is None else round(self.last_pressure, 4),
+                "ttft": self.ttft.snapshot(),
+                "changes": list(self.threshold_changes),
+            },
             "sites": [
                 {
                     "site": site.name,
@@ -351,6 +433,11 @@ class Router:
                     "link_utilization": round(views[site.name].utilization, 4),
                     "link_ceiling": views[site.name].ceiling,
                     "bandwidth_mbit_s": views[site.name].bandwidth_mbit_s,
+                    "prefill_latency_s": self._latency(site.name),
+                    "latency_factor": round(views[site.name].latency_factor, 4),
+                    "score": round(site_score(views[site.name]), 3)
+                    if views[site.name].available
+                    else 0.0,
                     "breaker": self.site_breakers[site.name].snapshot(),
                     "instances": [
                         {

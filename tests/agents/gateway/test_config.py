@@ -132,6 +132,13 @@ def test_settings_from_yaml(tmp_path):
         ({"tokenize": 1}, "settings.tokenize: must be true or false"),
         ({"port": -1}, "settings.port: must be within"),
         ({"event_loop": "tokio"}, "settings.event_loop: must be one of auto, uvloop, asyncio"),
+        (
+            {"prefill_site_timeout_fraction": 0},
+            r"settings.prefill_site_timeout_fraction: must be within \(0, 1\], got 0.0",
+        ),
+        ({"latency_ewma_alpha": 1.5}, r"settings.latency_ewma_alpha: must be within \(0, 1\]"),
+        ({"retune_min_factor": 2}, "settings.retune_min_factor, settings.retune_max_factor"),
+        ({"retune_max_factor": 0.5}, "need 0 < min <= 1 <= max, got 1.0, 0.5"),
     ],
 )
 def test_bad_settings_name_the_key(data, message):

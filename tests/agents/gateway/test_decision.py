@@ -138,3 +138,14 @@ def test_saturated_site_skipped_for_one_with_headroom():
     assert d.site == "a"
     d2 = decide(POLICY, "k", 5000, 0, [site("a", util=0.7, bw=100_000), site("b", util=0.1)])
     assert d2.site == "b"
+
+
+def test_latency_factor_scales_the_score_so_a_slow_site_loses_to_a_narrower_one():
+    slow = SiteView("east", True, 0.0, 0.0, 0.7, 2000.0, latency_factor=0.05)
+    fast = SiteView("west", True, 0.0, 0.0, 0.7, 1000.0, latency_factor=0.5)
+
+    chosen, reason = choose_site([slow, fast])
+
+    assert site_score(slow) == pytest.approx(100.0)
+    assert site_score(fast) == pytest.approx(500.0)
+    assert (chosen.name, reason) == ("west", "remote")

@@ -163,3 +163,64 @@ def test_debug_document_lists_sites_instances_and_breakers():
     assert doc["sites"][0]["breaker"]["state"] == "closed"
     assert [i["url"] for i in doc["sites"][0]["instances"]] == ["http://a1", "http://a2"]
     assert doc["decode"]["instances"][0]["kv_address"] == "127.0.0.1:7100"
+
+
+def test_a_slow_site_loses_the_score_to_its_latency_before_its_breaker_opens():
+    router, _ = make_router()
+    config = router.config
+    router.record_latency("b", 0.05)
+    assert router.decide(config, "k", 5000).site == "a"  # a: unmeasured, twice b's link
+
+    router.record_latency("a", 2.0)  # one leg that ran into its site timeout
+
+    assert router.decide(config, "k", 5000).site == "b"
+    assert router.site_breakers["a"].state == "closed"
+    doc = {s["site"]: s for s in router.debug()["sites"]}
+    assert doc["a"]["prefill_latency_s"] == 2.0
+    assert doc["a"]["latency_factor"] == pytest.approx(0.1 / 2.1, abs=1e-4)
+    assert doc["a"]["score"] < doc["b"]["score"]
+
+
+def test_a_slow_site_penalty_fades_without_samples_so_it_is_tried_again():
+    router, clock = make_router()
+    router.record_latency("b", 0.1)
+    router.record_latency("a", 2.0)
+    assert router.decide(router.config, "k", 5000).site == "b"
+
+    clock.now += 4 * SETTINGS.prefill_latency_halflife_s  # a's penalty down to 1/16
+
+    factors = router.latency_factors(router.config)
+    assert factors["a"] == pytest.approx(1 - (1 - 0.1 / 2.1) / 16)
+    assert router.decide(router.config, "k", 5000).site == "a"
+
+
+def test_next_site_leaves_out_the_sites_tried_and_those_that_cannot_take_it():
+    router, _ = make_router()
+    config = router.config
+
+    assert router.next_site(config, frozenset({"a"})) == "b"
+    assert router.next_site(config, frozenset({"a", "b"})) is None
+    trip_site_a(router)
+    assert router.next_site(config, frozenset({"b"})) is None
+
+
+def test_retune_from_measured_ttft_is_recorded_with_its_reason_in_debug():
+    router, _ = make_router()
+    config = router.config
+    for _ in range(5):
+        router.ttft_sample(config, "local", 100, 0.05)
+        router.ttft_sample(config, "remote", 150, 0.3)
+
+    assert router.retune() == (1.0, 2.0)
+
+    tuning = router.debug()["tuning"]
+    [change] = tuning["changes"]
+    assert {k: change[k] for k in ("factor_from", "factor_to", "threshold_tokens", "reason")} == {
+        "factor_from": 1.0,
+        "factor_to": 2.0,
+        "threshold_tokens": 200,
+        "reason": "ttft",
+    }
+    assert change["ttft_ratio"] == pytest.approx(4.0)
+    assert change["at"].endswith("+00:00")
+    assert tuning["ttft"]["ratio"] == pytest.approx(4.0)
