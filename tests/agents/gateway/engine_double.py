@@ -15,9 +15,14 @@ the prompt, so remote, local and fallback answers can be compared.
 
 Behaviour knobs (attributes, changeable mid-test): ``fail_status`` (answer every generation
 with this status; ``fail_code``: the error code in its body, as a real engine names a KV
-failure), ``prefill_delay_s``, ``token_delay_s``, ``drop_kv`` (prefill answers 200
+failure), ``prefill_delay_s``, ``local_prefill_delay_s`` (a request without
+``kv_transfer_params`` waits this long before its first token, as a local prefill would),
+``token_delay_s``, ``drop_kv`` (prefill answers 200
 but deposits nothing), ``die_after_events`` (close the connection mid-stream),
 ``omit_kv_params`` (a pull-mode prefill answers without ``kv_transfer_params``).
+``journal``: a file that gets one JSON line per generation request once it ended (``leg``:
+``prefill``, ``decode`` or ``local``; its ``transfer_id``; ``outcome``: ``completed`` or
+``cancelled``; ``status``), so that a test can tell which transfers a process served.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -59,6 +65,7 @@ class EngineDouble:
         self.fail_status: int | None = None
         self.fail_code: str | None = None
         self.prefill_delay_s = 0.0
+        self.local_prefill_delay_s = 0.0
         self.token_delay_s = 0.0
         self.drop_kv = False
         self.omit_kv_params = False
@@ -77,6 +84,7 @@ class EngineDouble:
         self.active = 0
         self.runner: web.AppRunner | None = None
         self.url = ""
+        self.journal: Path | None = None
 
     async def start(self, ssl_context: Any = None, port: int = 0) -> EngineDouble:
         app = web.Application()
@@ -120,15 +128,28 @@ class EngineDouble:
         self.requests.append(body)
         self.headers.append(request.headers.copy())
         self.active += 1
+        outcome, status = "cancelled", None
         try:
             response = await self._generate(request, body)
             self.completed += 1
+            outcome, status = "completed", response.status
             return response
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
         finally:
             self.active -= 1
+            if self.journal is not None:
+                self._note(self.journal, body, outcome, status)
+
+    @staticmethod
+    def _note(journal: Path, body: dict[str, Any], outcome: str, status: int | None) -> None:
+        kv = body.get("kv_transfer_params") or {}
+        leg = "prefill" if kv.get("do_remote_decode") else "decode" if kv else "local"
+        line = {"leg": leg, "transfer_id": kv.get("transfer_id"), "outcome": outcome,
+                "status": status}  # fmt: skip
+        with journal.open("a") as f:
+            f.write(json.dumps(line) + "\n")
 
     async def _generate(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         if self.fail_status is not None:
@@ -183,6 +204,8 @@ class EngineDouble:
                                "type": "kv_transfer_error", "code": "kv_timeout"}},
                     status=503,
                 )  # fmt: skip
+        elif self.local_prefill_delay_s:
+            await asyncio.sleep(self.local_prefill_delay_s)
         n = body.get("max_tokens") or body.get("max_completion_tokens") or 8
         words = tokens_for(prompt, n)
         created = int(time.time())

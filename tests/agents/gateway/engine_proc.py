@@ -1,6 +1,8 @@
 """The engine test double (:mod:`tests.agents.gateway.engine_double`) as a process of its own,
 so that a test can kill it: ``python -m tests.agents.gateway.engine_proc --name NAME
---kv-dir DIR [--port N]`` prints ``{"port": N}`` once it listens and serves until SIGTERM.
+--kv-dir DIR [--port N] [--prefill-delay-s S] [--fail-status N] [--journal FILE]`` prints
+``{"port": N}`` once it listens and serves until SIGTERM (a slow or refusing engine with the
+delay and status options; what it served in the journal).
 
 Doubles of one test share the "KV" through files in ``--kv-dir`` (a prefill leg writes one
 per transfer, a decode leg waits for it), so the remote path works across processes.
@@ -49,6 +51,11 @@ class FileKvStore(KvStore):
 async def _main(args: argparse.Namespace) -> None:
     double = EngineDouble(args.name, FileKvStore(Path(args.kv_dir)), args.kv_timeout_s)
     double.token_delay_s = args.token_delay_s
+    double.prefill_delay_s = args.prefill_delay_s
+    double.local_prefill_delay_s = args.local_prefill_delay_s
+    double.fail_status = args.fail_status
+    double.fail_code = args.fail_code
+    double.journal = Path(args.journal) if args.journal else None
     await double.start(port=args.port)
     port = int(double.url.rsplit(":", 1)[1])
     print(json.dumps({"port": port}), flush=True)
@@ -67,6 +74,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--kv-timeout-s", type=float, default=2.0)
     p.add_argument("--token-delay-s", type=float, default=0.0)
+    # A slow prefill site: every prefill leg waits this long before its KV and its answer.
+    p.add_argument("--prefill-delay-s", type=float, default=0.0)
+    # A slow local prefill: a request without kv_transfer_params waits this long first.
+    p.add_argument("--local-prefill-delay-s", type=float, default=0.0)
+    # A refusing engine: every generation answered with this status (and error code).
+    p.add_argument("--fail-status", type=int, default=None)
+    p.add_argument("--fail-code", default=None)
+    p.add_argument("--journal", default=None, help="JSON lines, one per generation request")
     asyncio.run(_main(p.parse_args(argv)))
     return 0
 

@@ -1,18 +1,23 @@
-"""Real processes for the gateway's pool tests: engine doubles
+"""Real processes for the gateway's pool and failover tests: engine doubles
 (:mod:`tests.agents.gateway.engine_proc`) and ``pdbridge gateway`` itself, on loopback, each
-started and waited for by its ready line, killed or stopped by its own pid."""
+started and waited for by its ready line, killed or stopped by its own pid; and the HTTP
+helpers those tests drive them with (load, polling with generous deadlines, metrics)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import yaml
 
 from tests.support import subprocess_env
@@ -99,3 +104,57 @@ def start_gateway(snapshot: dict[str, Any], settings: dict[str, Any], workdir: P
         raise RuntimeError(f"unexpected gateway output {line!r}: {log.read_text()[-2000:]}")
     port = int(line.strip().rsplit(":", 1)[1])
     return Proc(proc, f"http://127.0.0.1:{port}", log)
+
+
+async def load(
+    url: str, n: int, concurrency: int, prompt: str = "hello"
+) -> list[tuple[int, str | None]]:
+    """``n`` completions (every third streamed) at ``concurrency``: (status, path) each; a
+    stream that did not end with ``[DONE]`` counts as status 598."""
+    sem = asyncio.Semaphore(concurrency)
+    results: list[tuple[int, str | None]] = []
+    timeout = aiohttp.ClientTimeout(total=60 * TIME_SCALE)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+
+        async def one(i: int) -> None:
+            stream = i % 3 == 0
+            body = {"model": "tiny", "prompt": f"{prompt} {i}", "max_tokens": 4, "stream": stream}
+            async with sem, session.post(url + "/v1/completions", json=body) as r:
+                raw = await r.read()
+                status = r.status
+                if status == 200 and stream and not raw.endswith(b"data: [DONE]\n\n"):
+                    status = 598
+                results.append((status, r.headers.get("x-pdbridge-path")))
+
+        await asyncio.gather(*(one(i) for i in range(n)))
+    return results
+
+
+async def get_json(url: str) -> tuple[int, Any]:
+    async with aiohttp.ClientSession() as session, session.get(url) as r:
+        text = await r.text()
+        return r.status, json.loads(text) if r.content_type == "application/json" else text
+
+
+async def until(url: str, check: Callable[[int, Any], bool], timeout_s: float = 30) -> Any:
+    """GET ``url`` until ``check(status, body)`` holds (a generous, scaled deadline)."""
+    deadline = time.monotonic() + timeout_s * TIME_SCALE
+    while True:
+        status, body = await get_json(url)
+        if check(status, body):
+            return body
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{url} never satisfied the check; last: {status} {body}")
+        await asyncio.sleep(0.1)
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        head, value = line.rsplit(" ", 1)
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total

@@ -6,17 +6,22 @@ remote site's breaker stays closed while one of its instances is out."""
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import aiohttp
 import pytest
 
-from tests.agents.gateway.procs import TIME_SCALE, Proc, start_double, start_gateway
+from tests.agents.gateway.procs import (
+    Proc,
+    get_json,
+    load,
+    metric,
+    start_double,
+    start_gateway,
+    until,
+)
 from tests.agents.gateway.snapshots import snapshot
 
 pytestmark = pytest.mark.slow
@@ -43,62 +48,8 @@ def procs() -> Iterator[list[Proc]]:
         proc.stop()
 
 
-async def _load(
-    url: str, n: int, concurrency: int, prompt: str = "hello"
-) -> list[tuple[int, str | None]]:
-    """``n`` completions (every third streamed) at ``concurrency``: (status, path) each; a
-    stream that did not end with ``[DONE]`` counts as status 598."""
-    sem = asyncio.Semaphore(concurrency)
-    results: list[tuple[int, str | None]] = []
-    timeout = aiohttp.ClientTimeout(total=60 * TIME_SCALE)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-
-        async def one(i: int) -> None:
-            stream = i % 3 == 0
-            body = {"model": "tiny", "prompt": f"{prompt} {i}", "max_tokens": 4, "stream": stream}
-            async with sem, session.post(url + "/v1/completions", json=body) as r:
-                raw = await r.read()
-                status = r.status
-                if status == 200 and stream and not raw.endswith(b"data: [DONE]\n\n"):
-                    status = 598
-                results.append((status, r.headers.get("x-pdbridge-path")))
-
-        await asyncio.gather(*(one(i) for i in range(n)))
-    return results
-
-
-async def _get(url: str) -> tuple[int, Any]:
-    async with aiohttp.ClientSession() as session, session.get(url) as r:
-        text = await r.text()
-        return r.status, json.loads(text) if r.content_type == "application/json" else text
-
-
-async def _until(url: str, check: Callable[[int, Any], bool], timeout_s: float = 30) -> Any:
-    """GET ``url`` until ``check(status, body)`` holds (a generous, scaled deadline)."""
-    deadline = time.monotonic() + timeout_s * TIME_SCALE
-    while True:
-        status, body = await _get(url)
-        if check(status, body):
-            return body
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{url} never satisfied the check; last: {status} {body}")
-        await asyncio.sleep(0.1)
-
-
 def _pool(health: dict[str, Any], role: str) -> dict[str, Any]:
     return next(p for p in health["pools"] if p["role"] == role)
-
-
-def _metric(text: str, name: str, **labels: str) -> float:
-    """The sum of the samples of ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name + "{"):
-            continue
-        head, value = line.rsplit(" ", 1)
-        if all(f'{k}="{v}"' in head for k, v in labels.items()):
-            total += float(value)
-    return total
 
 
 def test_a_killed_decode_instance_costs_no_request_and_health_follows_it(tmp_path, procs):
@@ -114,31 +65,31 @@ def test_a_killed_decode_instance_costs_no_request_and_health_follows_it(tmp_pat
     b_port = int(b.url.rsplit(":", 1)[1])
 
     async def scenario() -> tuple[Any, ...]:
-        await _until(gateway.url + "/health", lambda s, h: s == 200 and h["status"] == "ok")
+        await until(gateway.url + "/health", lambda s, h: s == 200 and h["status"] == "ok")
         b.kill()
-        results = await _load(gateway.url, n=200, concurrency=10)
-        degraded = await _until(
+        results = await load(gateway.url, n=200, concurrency=10)
+        degraded = await until(
             gateway.url + "/health", lambda s, h: _pool(h, "decode")["healthy"] == 1
         )
-        _, metrics = await _get(gateway.url + "/metrics")
+        _, metrics = await get_json(gateway.url + "/metrics")
         procs.append(start_double("decode-b", kv, tmp_path, port=b_port))
-        recovered = await _until(
+        recovered = await until(
             gateway.url + "/health", lambda s, h: s == 200 and h["status"] == "ok"
         )
-        after = await _load(gateway.url, n=20, concurrency=10)
+        after = await load(gateway.url, n=20, concurrency=10)
         a.kill()
         procs[-1].kill()
-        down = await _until(gateway.url + "/health", lambda s, h: s == 503)
+        down = await until(gateway.url + "/health", lambda s, h: s == 503)
         return results, degraded, metrics, recovered, after, down
 
     results, degraded, metrics, recovered, after, down = asyncio.run(scenario())
 
     assert Counter(status for status, _ in results) == {200: 200}
     assert (degraded["status"], _pool(degraded, "decode")["total"]) == ("degraded", 2)
-    assert _metric(metrics, "pdbridge_gateway_retries_total", role="decode", cause="connect") >= 1
-    assert _metric(metrics, "pdbridge_gateway_instance_available", instance=b.url) == 0
-    assert _metric(metrics, "pdbridge_gateway_instance_available", instance=a.url) == 1
-    assert _metric(metrics, "pdbridge_gateway_pool_available_instances", role="decode") == 1
+    assert metric(metrics, "pdbridge_gateway_retries_total", role="decode", cause="connect") >= 1
+    assert metric(metrics, "pdbridge_gateway_instance_available", instance=b.url) == 0
+    assert metric(metrics, "pdbridge_gateway_instance_available", instance=a.url) == 1
+    assert metric(metrics, "pdbridge_gateway_pool_available_instances", role="decode") == 1
     assert _pool(recovered, "decode")["healthy"] == 2
     assert Counter(status for status, _ in after) == {200: 20}
     assert down["status"] == "unhealthy"
@@ -159,14 +110,14 @@ def test_a_killed_prefill_instance_costs_no_request_and_leaves_the_site_breaker_
     procs.append(gateway)
 
     async def scenario() -> tuple[Any, ...]:
-        await _until(gateway.url + "/health", lambda s, h: h["status"] == "ok")
+        await until(gateway.url + "/health", lambda s, h: h["status"] == "ok")
         p2.kill()
-        results = await _load(gateway.url, n=100, concurrency=10, prompt=LONG)
-        degraded = await _until(
+        results = await load(gateway.url, n=100, concurrency=10, prompt=LONG)
+        degraded = await until(
             gateway.url + "/health", lambda s, h: _pool(h, "prefill")["healthy"] == 1
         )
-        _, routing = await _get(gateway.url + "/debug/routing")
-        later = await _load(gateway.url, n=30, concurrency=10, prompt=LONG)
+        _, routing = await get_json(gateway.url + "/debug/routing")
+        later = await load(gateway.url, n=30, concurrency=10, prompt=LONG)
         return results, degraded, routing, later
 
     results, degraded, routing, later = asyncio.run(scenario())
@@ -199,11 +150,11 @@ def test_a_black_holed_decode_instance_is_found_by_its_probes_and_gets_no_traffi
     procs.append(gateway)
 
     async def scenario() -> tuple[Any, ...]:
-        degraded = await _until(
+        degraded = await until(
             gateway.url + "/health", lambda s, h: _pool(h, "decode")["healthy"] == 1
         )
-        results = await _load(gateway.url, n=100, concurrency=10)
-        _, metrics = await _get(gateway.url + "/metrics")
+        results = await load(gateway.url, n=100, concurrency=10)
+        _, metrics = await get_json(gateway.url + "/metrics")
         return degraded, results, metrics
 
     try:
@@ -213,9 +164,9 @@ def test_a_black_holed_decode_instance_is_found_by_its_probes_and_gets_no_traffi
 
     assert degraded["status"] == "degraded"
     assert Counter(status for status, _ in results) == {200: 100}
-    assert _metric(metrics, "pdbridge_gateway_instance_in_flight", instance=hole_url) == 0
+    assert metric(metrics, "pdbridge_gateway_instance_in_flight", instance=hole_url) == 0
     assert (
-        _metric(
+        metric(
             metrics,
             "pdbridge_gateway_health_probes_total",
             instance=hole_url,
