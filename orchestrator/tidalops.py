@@ -51,12 +51,18 @@ def tidal_request_id(row: TidalApplication, action: str, target: Target, body: A
 
 
 def _launch(row: TidalApplication, target: Target, config: dict[str, Any], name: str) -> Any:
-    # Same kind, name and settings as the deployment workflow's remote_prefill step, so a
-    # running engine launched by the workflow is found ``unchanged``, not replaced.
+    # Same kind, name, settings and deployment id as the deployment workflow's remote_prefill
+    # step, so a running engine launched by the workflow is found ``unchanged``, not replaced.
     engine, settings = agentops.engine_launch_settings(target, config)
     rid = tidal_request_id(row, "launch", target, {"engine": engine, "settings": settings})
     result = agentops.launch(
-        target, kind=KIND, name=name, engine=engine, launch_settings=settings, rid=rid
+        target,
+        kind=KIND,
+        name=name,
+        engine=engine,
+        launch_settings=settings,
+        deployment_id=row.schedule.deployment_id,
+        rid=rid,
     )
     if result["state"] != "running":
         result["error"] = f"{name} is {result['state']} after launch"

@@ -112,7 +112,12 @@ def _kv_link(
     name = agentops.child_name(deployment.pk, "kvlink")
     rid = agentops.request_id(ctx, decode, name, launch_settings)
     launched = agentops.launch(
-        decode, kind="kv-link", name=name, launch_settings=launch_settings, rid=rid
+        decode,
+        kind="kv-link",
+        name=name,
+        launch_settings=launch_settings,
+        deployment_id=deployment.pk,
+        rid=rid,
     )
     launched["allowlist"] = agentops.allowlist_evidence("kv-link", launch_settings)
     return launched
@@ -193,8 +198,16 @@ def _launch_pool(ctx: StepContext, deployment: Deployment, role: str) -> list[di
         engine, launch_settings = agentops.engine_launch_settings(target, config)
         name = agentops.child_name(deployment.pk, role)
         rid = agentops.request_id(ctx, target, name, launch_settings)
+        # The deployment id is what the node's heartbeat reports each child under: readiness
+        # finds the deployment's engines (and their weights) by it.
         result = agentops.launch(
-            target, kind=kind, name=name, engine=engine, launch_settings=launch_settings, rid=rid
+            target,
+            kind=kind,
+            name=name,
+            engine=engine,
+            launch_settings=launch_settings,
+            deployment_id=deployment.pk,
+            rid=rid,
         )
         result["engine_url"] = target.engine_url
         allowlist = agentops.allowlist_evidence(kind, launch_settings)

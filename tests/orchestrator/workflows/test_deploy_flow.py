@@ -25,6 +25,8 @@ from django.db import connection
 from django.test import override_settings
 
 from agents.client import AgentClient
+from agents.engines.reference import checkpoints
+from agents.weights import hash_files
 from console.core import celery_client
 from console.deployments import flows
 from console.deployments.models import Deployment
@@ -110,7 +112,11 @@ def _rows(world: World) -> None:
         site: Node.objects.create(site=row, hostname=ip[site], agent_address="127.0.0.1:1")
         for site, row in (("local", local), ("remote", remote))
     }
-    model = ModelSpecFactory(name=topo.SERVED, architecture=topo.ARCH)
+    # The catalog's weights hash is the built checkpoint's, as the testbed registers it: the
+    # readiness checklist compares every node's report against it.
+    [checkpoint] = world.models_dir.glob(f"{topo.MODEL}*")
+    sha = hash_files([checkpoints.weights_file(checkpoint)[0]])
+    model = ModelSpecFactory(name=topo.SERVED, architecture=topo.ARCH, weights_sha256=sha)
     dep = make_deployment(
         name="flows",
         model=model,
@@ -408,6 +414,19 @@ def test_deploy_from_nothing_to_full_share_with_evidence_and_a_worker_killed_mid
     assert (children[prefill_name].pid, children[prefill_name].restarts) == (spawned[0], 0)
     assert traffic.count(200) > 0
     assert "remote" in {path for status, path in traffic.results if status == 200}
+    # The console's readiness checklist finds the engines the workflow launched (their
+    # heartbeat rows carry the deployment's id) and their weights: no false "weights fail".
+    items = wait_for(lambda: _readiness_if(world, "weights", "pass"), timeout=120, what="weights")
+    assert (items["weights"], items["instances"]) == ("pass", "pass"), items
+
+
+def _readiness_if(world: World, key: str, state: str) -> dict[str, str] | None:
+    from console.deployments.readiness import readiness
+
+    dep = world.deployment
+    pools = list(dep.pools.select_related("site").prefetch_related("nodes"))
+    items = {i.key: i.state for i in readiness(dep, pools)}
+    return items if items[key] == state else None
 
 
 def _checksums_off_on_a_plaintext_kv_link(world: World) -> None:
