@@ -11,8 +11,11 @@ class AlertsConfig(AppConfig):
 
     def ready(self) -> None:
         from console.alerts.panels import firing_alerts_context
+        from console.core.choices import Role
+        from console.core.nav import NavItem, nav_register
         from console.core.panels import OverviewPanel, overview_panel_register
 
+        nav_register(NavItem("Alerts", "alerts-page", Role.VIEWER, order=16))
         overview_panel_register(
             OverviewPanel(
                 key="alerts",

@@ -3,6 +3,7 @@ Written only by ``console.alerts.services``."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -125,6 +126,23 @@ class Alert(models.Model):
         default=list,
         blank=True,
         help_text="Deliveries: [{channel, event, ok, detail, at}].",
+    )
+    acknowledged_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When someone took the alert on (it keeps firing until its condition ends).",
+    )
+    acknowledged_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    acknowledged_note = models.CharField(
+        max_length=300,
+        blank=True,
+        help_text="What the person acknowledging said (a ticket, who is on it).",
     )
 
     class Meta:

@@ -39,7 +39,10 @@ from console.alerts.choices import (
 )
 from console.alerts.defaults import DEFAULT_RULES
 from console.alerts.models import Alert, AlertRule, NotificationChannel
+from console.core.api.exceptions import Conflict
+from console.core.choices import AuditAction
 from console.core.crud import Actor, audited_create, audited_delete, audited_update
+from console.core.services import audit_record
 from console.telemetry.models import MetricSample
 
 logger = logging.getLogger(__name__)
@@ -237,6 +240,39 @@ def alerts_evaluate(*, now: datetime | None = None, notify: bool = True) -> dict
         for event, pk in events:
             alert_notify(alert_id=pk, event=event)
     return result
+
+
+@transaction.atomic
+def alert_acknowledge(*, actor: Actor, alert: Alert, note: str = "") -> Alert:
+    """Someone took a firing alert on: recorded (who, when, the note) and audited. The alert
+    keeps firing until its condition stops holding (acknowledging is not resolving). 409 for
+    a resolved or already acknowledged alert; 400 for a note over 300 characters."""
+    locked = Alert.objects.select_for_update().get(pk=alert.pk)
+    if locked.state != AlertState.FIRING:
+        raise Conflict(f"Alert {locked.pk} is {locked.state}: only a firing alert is acknowledged.")
+    if locked.acknowledged_at is not None:
+        who = locked.acknowledged_by.get_username() if locked.acknowledged_by else "someone"
+        raise Conflict(
+            f"Alert {locked.pk} was acknowledged by {who} at {locked.acknowledged_at:%Y-%m-%d %H:%M:%S}."
+        )
+    note = str(note or "").strip()
+    if len(note) > 300:
+        raise ValidationError({"note": ["At most 300 characters."]})
+    user = actor if actor is not None and actor.is_authenticated else None
+    locked.acknowledged_at, locked.acknowledged_by, locked.acknowledged_note = (
+        timezone.now(),
+        user,
+        note,
+    )
+    locked.save(update_fields=["acknowledged_at", "acknowledged_by", "acknowledged_note"])
+    audit_record(
+        actor=actor,
+        action=AuditAction.ACTION,
+        verb="acknowledge",
+        instance=locked,
+        after={"note": note},
+    )
+    return locked
 
 
 # --- notification ---------------------------------------------------------------------------

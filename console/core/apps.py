@@ -12,17 +12,18 @@ class CoreConfig(AppConfig):
         from console.core.choices import Role
         from console.core.nav import NavItem, nav_register
 
-        # The built-in pages. A later feature registers its own entry from its AppConfig.
-        for order, (label, url_name, role) in enumerate(
-            [
-                ("Overview", "overview", Role.VIEWER),
-                ("Sites", "sites-page", Role.VIEWER),
-                ("Models", "models-page", Role.VIEWER),
-                ("Deployments", "deployments-page", Role.VIEWER),
-                ("Runs", "runs-page", Role.VIEWER),
-                ("Planner", "planner", Role.VIEWER),
-                ("Security", "security", Role.VIEWER),
-                ("Audit log", "audit-log", Role.VIEWER),
-            ]
-        ):
-            nav_register(NavItem(label, url_name, role, order=order * 10))
+        # The built-in pages; a later feature registers its own entry from its AppConfig, its
+        # order between these (alerts 16, canaries 42, drills 45, tidal 55, gateway keys 85).
+        for order, label, url_name in [
+            (0, "Overview", "overview"),
+            (10, "Sites", "sites-page"),
+            (12, "Nodes", "nodes-page"),
+            (14, "Links", "links-page"),
+            (20, "Models", "models-page"),
+            (30, "Deployments", "deployments-page"),
+            (40, "Runs", "runs-page"),
+            (50, "Planner", "planner"),
+            (60, "Security", "security"),
+            (70, "Audit log", "audit-log"),
+        ]:
+            nav_register(NavItem(label, url_name, Role.VIEWER, order=order))

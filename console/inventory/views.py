@@ -75,6 +75,56 @@ def site_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 @page_view
 @require_GET
+def node_list(request: HttpRequest) -> HttpResponse:
+    """Every node, filtered by ``?site=<name>`` and ``?status=<status>`` (an unknown value is
+    named in a message and ignored), paginated."""
+    nodes = Node.objects.select_related("site").order_by("site__name", "hostname")
+    chosen, problems = {}, []
+    sites = list(Site.objects.order_by("name").values_list("name", flat=True))
+    for key, allowed, field in (
+        ("site", sites, "site__name"),
+        ("status", [s.value for s in NodeStatus], "status"),
+    ):
+        value = request.GET.get(key, "")
+        if not value:
+            continue
+        if value not in allowed:
+            problems.append(f"{key}: {value!r} is not one of {', '.join(allowed) or '(none)'}")
+            continue
+        chosen[key] = value
+        nodes = nodes.filter(**{field: value})
+    return render(
+        request,
+        "inventory/node_list.html",
+        {
+            "page": paginate(request, nodes),
+            "show_site": True,
+            "filters": [
+                ("site", sites, chosen.get("site", "")),
+                ("status", [s.value for s in NodeStatus], chosen.get("status", "")),
+            ],
+            "chosen": chosen,
+            "problems": problems,
+        },
+    )
+
+
+@page_view
+@require_GET
+def link_list(request: HttpRequest) -> HttpResponse:
+    """Every link with its last probe, the rate gateways score by, RTT, the utilisation the
+    gateways last reported against the ceiling, and whether the measurement is stale."""
+    links = list(Link.objects.select_related("from_site", "to_site"))
+    for link in links:
+        last = latest(subject=link, name=names.LINK_MEASURED_MBIT_S)
+        used = latest(subject=link, name=names.LINK_UTILIZATION)
+        link.last_probe = last[1] if last else None
+        link.utilization = used[1] if used else None
+    return render(request, "inventory/link_list.html", {"links": links})
+
+
+@page_view
+@require_GET
 def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """One node: hardware, its last heartbeat's report, pools, heartbeat history charts."""
     node = get_object_or_404(Node.objects.select_related("site"), pk=pk)

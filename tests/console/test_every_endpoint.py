@@ -551,6 +551,9 @@ OPS: dict[tuple[str, str], Op] = {
     ("DELETE", "/api/alert-rules/{id}/"): Op("/api/alert-rules/{w.rule.pk}/", "operator", 204),
     ("GET", "/api/alerts/"): Op("/api/alerts/", "viewer", 200),
     ("GET", "/api/alerts/{id}/"): Op("/api/alerts/{w.alert.pk}/", "viewer", 200),
+    ("POST", "/api/alerts/{id}/acknowledge/"): Op(
+        "/api/alerts/{w.alert.pk}/acknowledge/", "operator", 200, body=lambda w: {"note": "on it"}
+    ),
     ("GET", "/api/alert-channels/"): Op("/api/alert-channels/", "operator", 200),
     ("POST", "/api/alert-channels/"): Op(
         "/api/alert-channels/",

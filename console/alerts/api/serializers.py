@@ -44,8 +44,17 @@ class AlertSerializer(serializers.ModelSerializer):
             "last_seen_at",
             "resolved_at",
             "notifications",
+            "acknowledged_at",
+            "acknowledged_by",
+            "acknowledged_note",
         ]
         read_only_fields = fields
+
+    acknowledged_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+
+class AcknowledgeSerializer(serializers.Serializer):
+    note = serializers.CharField(max_length=300, required=False, allow_blank=True, default="")
 
 
 class NotificationChannelSerializer(serializers.ModelSerializer):

@@ -3,10 +3,15 @@ notification channels (operators only: targets may carry webhook tokens)."""
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from console.alerts import services
 from console.alerts.api.serializers import (
+    AcknowledgeSerializer,
     AlertRuleSerializer,
     AlertSerializer,
     NotificationChannelSerializer,
@@ -39,6 +44,19 @@ class AlertViewSet(ConsoleViewSetMixin, viewsets.ReadOnlyModelViewSet):
     filterset_class = AlertFilterSet
     ordering_fields = ["id", "started_at", "level"]
     ordering = ["-started_at", "-id"]
+    action_roles = {"acknowledge": Role.OPERATOR}
+
+    @extend_schema(request=AcknowledgeSerializer, responses=AlertSerializer)
+    @action(detail=True, methods=["post"])
+    def acknowledge(self, request: Request, pk: str | None = None) -> Response:
+        """Someone is on it: who, when and a note are recorded (audited); the alert keeps
+        firing until its condition ends. 409 when it is resolved or already acknowledged."""
+        body = AcknowledgeSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        alert = services.alert_acknowledge(
+            actor=request.user, alert=self.get_object(), note=body.validated_data["note"]
+        )
+        return Response(AlertSerializer(alert).data)
 
 
 class NotificationChannelViewSet(ServiceModelViewSet):

@@ -86,3 +86,28 @@ def test_history_is_filterable_by_state(world, api_as):
     assert firing["count"] == 1
     assert firing["results"][0]["rule_name"] == "link-rtt-high"
     assert resolved["count"] == 0
+
+
+def test_acknowledge_records_who_and_a_second_one_is_a_conflict(world, api_as):
+    sample_record(
+        subject=world.link, name="link_rtt_ms", value=1000.0, at=datetime(2026, 11, 30, tzinfo=UTC)
+    )
+    alerts_evaluate(now=datetime(2026, 11, 30, 0, 1, tzinfo=UTC), notify=False)
+    alert_id = api_as("viewer").get("/api/alerts/?state=firing").json()["results"][0]["id"]
+    url = f"/api/alerts/{alert_id}/acknowledge/"
+    operator = api_as("operator")
+
+    refused = api_as("viewer").post(url, {"note": "mine"})
+    too_long = operator.post(url, {"note": "x" * 301})
+    done = operator.post(url, {"note": "INC-7"})
+    again = operator.post(url, {})
+
+    assert refused.status_code == 403
+    assert too_long.status_code == 400
+    assert "note" in too_long.json()
+    assert done.status_code == 200
+    assert done.json()["acknowledged_note"] == "INC-7"
+    assert done.json()["acknowledged_by"].startswith("operator")
+    assert done.json()["state"] == "firing"
+    assert again.status_code == 409
+    assert "was acknowledged by operator" in again.json()["detail"]

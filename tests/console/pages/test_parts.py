@@ -214,7 +214,7 @@ def test_nav_registry_shows_entries_by_role_and_skips_unroutable_ones(db):
 
     viewer = [i["label"] for i in nav_items("viewer")]
 
-    assert viewer[:4] == ["Overview", "Sites", "Models", "Deployments"]
+    assert viewer[:6] == ["Overview", "Sites", "Nodes", "Links", "Alerts", "Models"]
     assert "Nowhere" not in viewer
     assert nav_items(None) == []
 
