@@ -15,11 +15,20 @@ from console.inventory.models import Link
 SECTION_ORDER = ("model", "routing", "circuit_breaker", "kv_transfer", "prefill", "pools", "links")
 
 
+def _node_doc(node: Any, drained: set[int]) -> dict[str, Any]:
+    doc: dict[str, Any] = {"hostname": node.hostname, "agent_address": node.agent_address}
+    if node.pk in drained:
+        # Present only when true: gateways send this node no new leg (docs/api.md).
+        doc["drained"] = True
+    return doc
+
+
 def _pool_doc(pool: Any) -> dict[str, Any]:
     nodes = sorted(pool.nodes.all(), key=lambda n: n.hostname)
+    drained = {n.pk for n in pool.drained_nodes.all()}
     return {
         "site": pool.site.name,
-        "nodes": [{"hostname": n.hostname, "agent_address": n.agent_address} for n in nodes],
+        "nodes": [_node_doc(n, drained) for n in nodes],
         "engine_settings": pool.engine_settings,
     }
 
@@ -36,7 +45,11 @@ def resolve_allowed_peers(prefill_docs: list[dict[str, Any]], extra: list[str]) 
 def build_config(deployment: Deployment) -> dict[str, Any]:
     """The config document for the deployment's current rows (without ``version`` and
     ``created_at``, which belong to the snapshot)."""
-    pools = list(deployment.pools.select_related("site").prefetch_related("nodes").order_by("id"))
+    pools = list(
+        deployment.pools.select_related("site")
+        .prefetch_related("nodes", "drained_nodes")
+        .order_by("id")
+    )
     decode = next((p for p in pools if p.role == PoolRole.DECODE), None)
     prefill = sorted((p for p in pools if p.role == PoolRole.PREFILL), key=lambda p: p.site.name)
     site_ids = {p.site_id for p in pools}

@@ -187,6 +187,16 @@ class Pool(models.Model):
         validators=[validate_json_object],
         help_text="Engine options for this pool (merged over the model's).",
     )
+    drained_nodes = models.ManyToManyField(
+        "inventory.Node",
+        blank=True,
+        related_name="drained_in_pools",
+        verbose_name="drained nodes",
+        help_text=(
+            "Nodes of this pool out of the gateways' rotation: drained before their engine "
+            "is stopped, standby until it is healthy again (docs/gateway.md, Draining)."
+        ),
+    )
     created_at = models.DateTimeField(
         auto_now_add=True,
     )

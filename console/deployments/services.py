@@ -197,12 +197,20 @@ def _restore_pools(deployment: Deployment, pools_doc: dict[str, Any]) -> None:
         resolved.append((role, site, nodes, doc["engine_settings"]))
     if missing:
         raise Conflict(f"Cannot restore: no longer in the inventory: {', '.join(missing)}.")
+    # Drained is the running fleet's state, not configuration: a node drained now stays
+    # drained (its engine may be stopped), whatever the restored version said.
+    drained = {
+        (p.role, p.site_id): {n.pk for n in p.drained_nodes.all()}
+        for p in deployment.pools.prefetch_related("drained_nodes")
+    }
     deployment.pools.all().delete()
     for role, site, nodes, engine_settings in resolved:
         pool = Pool.objects.create(
             deployment=deployment, role=role, site=site, engine_settings=engine_settings
         )
         pool.nodes.set(nodes)
+        keep = drained.get((role, site.pk), set())
+        pool.drained_nodes.set([n for n in nodes if n.pk in keep])
 
 
 @transaction.atomic
@@ -343,6 +351,46 @@ def pool_update(
     if changed:
         snapshot_write(actor=actor, deployment=locked, reason=f"{pool.role} pool changed")
     return pool
+
+
+@transaction.atomic
+def pool_set_drained(
+    *,
+    actor: Actor,
+    pool: Pool,
+    drain: Iterable[Node] = (),
+    rejoin: Iterable[Node] = (),
+    reason: str = "drain",
+) -> int:
+    """Take nodes of ``pool`` out of the gateways' rotation (``drain``) or put them back
+    (``rejoin``): the config document marks a drained node ``drained: true`` and every
+    gateway stops sending it new legs once it has applied that version (in-flight ones
+    finish). Called by the tidal job before it stops an engine and after a launched one is
+    healthy, and by operators. Returns the deployment's config version after the change (a
+    new one when the drained set changed, else the current one). 400 naming ``drain`` for a
+    node that is not in the pool."""
+    drain, rejoin = list(drain), list(rejoin)
+    locked = _lock(pool.deployment)
+    members = {n.pk for n in pool.nodes.all()}
+    strangers = sorted(n.hostname for n in drain if n.pk not in members)
+    if strangers:
+        raise ValidationError({"drain": [f"Not in this pool: {', '.join(strangers)}."]})
+    before = sorted(n.hostname for n in pool.drained_nodes.all())
+    pool.drained_nodes.add(*drain)
+    pool.drained_nodes.remove(*(n for n in rejoin if n not in drain))
+    after = sorted(n.hostname for n in pool.drained_nodes.all())
+    if before == after:
+        return locked.version
+    audit_record(
+        actor=actor,
+        action=AuditAction.ACTION,
+        verb="drain",
+        instance=locked,
+        before={"pool": pool.pk, "drained": before},
+        after={"pool": pool.pk, "drained": after, "reason": reason[:200]},
+    )
+    snapshot_write(actor=actor, deployment=locked, reason=reason)
+    return locked.version
 
 
 @transaction.atomic
