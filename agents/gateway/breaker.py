@@ -145,6 +145,11 @@ class CircuitBreaker:
         self._expire(now)
         self._evaluate(now)
 
+    def trip(self, reason: str) -> None:
+        """Open now (``reason``: who decided, e.g. ``ejected`` by the instance's pool health),
+        with the ejection an error-rate trip would give."""
+        self._trip(self._clock(), reason)
+
     # -- internals -----------------------------------------------------------------------
     def _expire(self, now: float) -> None:
         horizon = now - self.settings.window_s

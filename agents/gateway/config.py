@@ -37,11 +37,14 @@ class ConfigError(ValueError):
 # -- deployment snapshot -------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Instance:
-    """One engine: ``name`` (hostname), ``url`` (HTTP base), ``kv_address`` (decode only)."""
+    """One engine: ``name`` (hostname), ``url`` (HTTP base), ``kv_address`` (decode only),
+    ``drained`` (the console took it out of rotation: no new leg goes to it, see
+    docs/gateway.md "Draining")."""
 
     name: str
     url: str
     kv_address: str
+    drained: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +162,8 @@ def _site(pool: Any, where: str, decode: bool) -> Site:
             raise ConfigError(f"{at}.engine_url: must start with http:// or https://")
         kv_host = settings.get("kv_host") or host  # a WAN proxy / NAT in front of the receiver
         kv = node.get("kv_address") or f"{kv_host}:{int(settings.get('kv_port', 7100))}"
-        instances.append(Instance(host, url, _str(kv, f"{at}.kv_address")))
+        drained = _bool(node.get("drained", False), f"{at}.drained")
+        instances.append(Instance(host, url, _str(kv, f"{at}.kv_address"), drained))
     if decode and not instances:
         raise ConfigError(f"{where}.nodes: the decode pool needs at least one node")
     return Site(name, tuple(instances))

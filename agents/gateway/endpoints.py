@@ -38,7 +38,8 @@ class Endpoints:
             for p in self.router.pools.values()
         ]
         status = "ok"
-        if any(p["healthy"] < p["total"] for p in pools):
+        # A drained instance is out by plan, not by fault: it does not degrade the gateway.
+        if any(p["healthy"] < p["total"] - p["drained"] for p in pools):
             status = "degraded"
         if any(p["role"] == "decode" and p["healthy"] == 0 for p in pools):
             status = "unhealthy"

@@ -91,6 +91,7 @@ class PoolHealth:
         settings: HealthSettings,
         clock: Callable[[], float],
         on_eject: Callable[[PoolHealth, InstanceHealth, str], None] | None = None,
+        drained: Iterable[str] = (),
     ) -> None:
         self.role = role
         self.site = site
@@ -99,23 +100,43 @@ class PoolHealth:
         self.on_eject = on_eject
         now = clock()
         self.instances: dict[str, InstanceHealth] = {u: InstanceHealth(u, now) for u in urls}
+        #: Instances the console drained (``drained: true`` in the snapshot): never available,
+        #: not probed, not counted by the ejection limit (they are out by plan, not fault).
+        self.drained: frozenset[str] = frozenset(drained)
 
-    def reuse(self, old: PoolHealth | None) -> None:
-        """Keep the state of the instances that remain from ``old`` (a new config)."""
+    def reuse(self, old: PoolHealth | None) -> list[str]:
+        """Keep the state of the instances that remain from ``old`` (a new config), except
+        those that rejoin after a drain: their engine was (re)started and found healthy
+        before the console put them back, so they start afresh. Returns the rejoined."""
         if old is None:
-            return
+            return []
+        rejoined = []
         for url in self.instances:
-            if url in old.instances:
+            if url in old.drained and url not in self.drained:
+                rejoined.append(url)
+                self._log("gateway.instance_rejoined", url)
+            elif url in old.instances:
                 self.instances[url] = old.instances[url]
+        for url in sorted(self.drained - old.drained):
+            self._log("gateway.instance_drained", url)
+        return rejoined
 
     # -- reading -------------------------------------------------------------------------
     def available(self, url: str) -> bool:
+        if url in self.drained:
+            return False
         inst = self.instances.get(url)
         return inst is None or inst.available(self.clock())
 
+    def in_rotation(self) -> list[str]:
+        """The instances not drained (available or not)."""
+        return [u for u in self.instances if u not in self.drained]
+
     def healthy_count(self) -> int:
         now = self.clock()
-        return sum(1 for i in self.instances.values() if i.available(now))
+        return sum(
+            1 for u, i in self.instances.items() if u not in self.drained and i.available(now)
+        )
 
     def snapshot(self) -> dict[str, Any]:
         """The pool's entry in ``/health`` and ``/debug/routing``."""
@@ -126,11 +147,13 @@ class PoolHealth:
             "site": self.site,
             "healthy": healthy,
             "total": len(self.instances),
+            "drained": len(self.drained & set(self.instances)),
             "status": "unhealthy" if healthy == 0 else "ok",
             "instances": [
                 {
                     "url": i.url,
-                    "available": i.available(now),
+                    "available": i.url not in self.drained and i.available(now),
+                    "drained": i.url in self.drained,
                     "healthy": i.healthy,
                     "ejected_for_s": round(max(i.ejected_until - now, 0.0), 3),
                     "consecutive_failures": i.consecutive_failures,
@@ -166,8 +189,9 @@ class PoolHealth:
 
     def _eject(self, inst: InstanceHealth, now: float, cause: str) -> bool:
         s = self.settings
-        total = len(self.instances)
-        unavailable = sum(1 for i in self.instances.values() if not i.available(now))
+        serving = [i for u, i in self.instances.items() if u not in self.drained]
+        total = len(serving)
+        unavailable = sum(1 for i in serving if not i.available(now))
         allowed = math.floor(total * s.max_ejection_percent / 100)
         if unavailable + 1 > allowed or unavailable + 1 >= total:
             # Ejecting it would leave the pool with too few (or none) to serve: keep it,

@@ -121,6 +121,11 @@ class GatewayMetrics:
             "(healthy by its probes and not ejected), else 0.", ["role", "site", "instance"],
             registry=r,
         )  # fmt: skip
+        self.instance_drained = Gauge(
+            "pdbridge_gateway_instance_drained", "1 when the applied config drains the "
+            "instance (no new legs go to it), else 0.", ["role", "site", "instance"],
+            registry=r,
+        )  # fmt: skip
         self.instance_in_flight = Gauge(
             "pdbridge_gateway_instance_in_flight", "Legs in flight to the instance.",
             ["role", "site", "instance"], registry=r,
@@ -237,6 +242,7 @@ class GatewayMetrics:
             for url in pool.instances:
                 labels = (pool.role, pool.site, url)
                 self.instance_available.labels(*labels).set(1 if pool.available(url) else 0)
+                self.instance_drained.labels(*labels).set(1 if url in pool.drained else 0)
                 self.instance_in_flight.labels(*labels).set(inflight.get(url, 0))
 
     def client_request(self, key: str) -> None:

@@ -65,7 +65,7 @@ async def scrape_once(gateway: Gateway, session: aiohttp.ClientSession, timeout_
             return None
 
     for site in config.prefill:
-        depths = await asyncio.gather(*(one(i.url) for i in site.instances))
+        depths = await asyncio.gather(*(one(i.url) for i in site.instances if not i.drained))
         known = [d for d in depths if d is not None]
         stats = gateway.router.stats.get(site.name)
         if known and stats is not None:
@@ -79,7 +79,9 @@ async def probe_once(gateway: Gateway, session: aiohttp.ClientSession, timeout_s
     router = gateway.router
     members: dict[str, list[tuple[str, str]]] = {}
     for (role, site), pool in router.pools.items():
-        for url in pool.instances:
+        # A drained instance's engine may be stopped by plan: probing it would only mark it
+        # unhealthy (it starts afresh when it rejoins).
+        for url in pool.in_rotation():
             members.setdefault(url, []).append((role, site))
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     context = gateway.upstream.ssl_context

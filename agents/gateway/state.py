@@ -108,14 +108,30 @@ class Router:
                 health,
                 self.clock,
                 self._ejected,
+                drained=[i.url for i in site.instances if i.drained],
             )
-            pool.reuse(self.pools.get((role, site.name)))
+            for url in pool.reuse(self.pools.get((role, site.name))):
+                # Rejoined after a drain (its engine restarted and found healthy): its old
+                # breaker verdicts were about the engine that was stopped.
+                if url in instances:
+                    instances[url] = CircuitBreaker(url, breaker_settings, self.clock)
             pools[(role, site.name)] = pool
         self.site_breakers, self.instance_breakers = sites, instances
         self.pools = pools
         self.config = config
 
     def _ejected(self, pool: PoolHealth, inst: InstanceHealth, cause: str) -> None:
+        # The instance's breaker agrees with its pool: an ejected prefill instance's breaker
+        # opens too (it half-opens and closes on successes, as after its own trip), so
+        # /debug/routing and the breaker gauges name the instance, not the site.
+        breaker = self.instance_breakers.get(inst.url) if pool.role == "prefill" else None
+        if breaker is not None and breaker.state != "open":
+            before = breaker.state
+            breaker.trip("ejected")
+            log.warning(
+                "gateway.breaker_state",
+                extra={"breaker": breaker.name, "from": before, "to": "open", "cause": cause},
+            )
         if self.on_eject is not None:
             self.on_eject(pool, inst, cause)
 
@@ -211,9 +227,12 @@ class Router:
         # One site has nobody to be compared with (and the lookups cost the hot path).
         factors = self.latency_factors(config) if len(config.prefill) > 1 else {}
         for site in config.prefill:
+            pool = self.pools[("prefill", site.name)]
+            if site.instances and not pool.in_rotation():
+                # Every instance drained (scaled to zero by plan): not a remote site now.
+                continue
             bandwidth, ceiling = self._link(config, site.name)
             stats = self.stats[site.name]
-            pool = self.pools[("prefill", site.name)]
             available = self.site_breakers[site.name].allows() and any(
                 self.instance_breakers[i.url].allows() and pool.available(i.url)
                 for i in site.instances
@@ -405,6 +424,10 @@ class Router:
         if config is None:
             return {"config": None}
         views = {v.name: v for v in self.site_views(config)}
+        for site in config.prefill:  # a site drained out has no view: show it unavailable
+            if site.name not in views:
+                bandwidth, ceiling = self._link(config, site.name)
+                views[site.name] = SiteView(site.name, False, 0.0, 0.0, ceiling, bandwidth)
         s = self.settings
         return {
             "config": {
@@ -443,6 +466,7 @@ class Router:
                         {
                             "name": inst.name,
                             "url": inst.url,
+                            "drained": inst.drained,
                             "inflight": self.instance_inflight.get(inst.url, 0),
                             "breaker": self.instance_breakers[inst.url].snapshot(),
                         }

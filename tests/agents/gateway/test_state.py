@@ -224,3 +224,93 @@ def test_retune_from_measured_ttft_is_recorded_with_its_reason_in_debug():
     assert change["ttft_ratio"] == pytest.approx(4.0)
     assert change["at"].endswith("+00:00")
     assert tuning["ttft"]["ratio"] == pytest.approx(4.0)
+
+
+def _drain(data, site_index, node_index, drained=True):
+    node = data["pools"]["prefill"][site_index]["nodes"][node_index]
+    if drained:
+        node["drained"] = True
+    else:
+        node.pop("drained", None)
+    data["version"] += 1
+    return parse_snapshot(data)
+
+
+def _data():
+    data = snapshot(prefill_sites={"a": ("http://a1", "http://a2"), "b": ("http://b1",)})
+    data["links"][0]["provisioned_mbit_s"] = 100
+    data["links"][1]["provisioned_mbit_s"] = 50
+    return data
+
+
+def test_a_drained_instance_gets_no_leg_and_is_neither_probed_nor_a_fault():
+    router = Router(SETTINGS, Clock(100.0))
+    data = _data()
+    router.apply(_drain(data, 0, 0))
+    config = router.config
+
+    chosen = {router.acquire_prefill(config, "a").url for _ in range(5)}
+
+    assert chosen == {"http://a2"}
+    pool = router.pool("prefill", "a")
+    assert pool.in_rotation() == ["http://a2"]
+    assert (pool.available("http://a1"), pool.healthy_count()) == (False, 1)
+    assert pool.snapshot()["drained"] == 1
+    assert router.decide(config, "k", 5000).site == "a"  # the site serves on a2
+    doc = router.debug()["sites"][0]["instances"]
+    assert [(i["url"], i["drained"]) for i in doc] == [("http://a1", True), ("http://a2", False)]
+
+
+def test_a_site_drained_to_zero_is_no_remote_site_and_its_breaker_stays_closed():
+    router = Router(SETTINGS, Clock(100.0))
+    data = _data()
+    del data["pools"]["prefill"][1]  # only site a
+    router.apply(_drain(data, 0, 0))
+    config = _drain(data, 0, 1)
+    router.apply(config)
+
+    decision = router.decide(config, "k", 5000)
+
+    assert (decision.path, decision.reason) == ("local", "no_remote_site")
+    assert router.site_breakers["a"].state == "closed"
+    assert router.debug()["sites"][0]["available"] is False
+
+
+def test_an_instance_that_rejoins_after_a_drain_starts_afresh():
+    clock = Clock(100.0)
+    router = Router(SETTINGS, clock)
+    data = _data()
+    router.apply(parse_snapshot(data))
+    a1 = router.config.prefill[0].instances[0]
+    for _ in range(2):  # the engine that is about to be stopped failed twice
+        router.acquire_prefill(router.config, "a")
+        router.record_prefill("a", a1, False, 0.1, "test")
+    router.probed("prefill", "a", a1.url, False)
+    assert router.instance_breakers[a1.url].state == "open"
+
+    router.apply(_drain(data, 0, 0))
+    router.apply(_drain(data, 0, 0, drained=False))  # relaunched, healthy: rejoins
+
+    assert router.instance_breakers[a1.url].state == "closed"
+    pool = router.pool("prefill", "a")
+    assert pool.available(a1.url)
+    assert pool.instances[a1.url].probe_failures == 0
+
+
+def test_an_ejected_prefill_instance_opens_its_own_breaker_not_the_sites():
+    router = Router(GatewaySettings(outlier_consecutive_failures=3), Clock(100.0))
+    router.apply(parse_snapshot(_data()))
+    config = router.config
+    a1 = config.prefill[0].instances[0]
+
+    for _ in range(3):  # a dead engine: three legs refused at a1
+        router.acquire_prefill(config, "a")
+        router.leg_failed("prefill", "a", a1.url, "connect")
+        router.record_prefill("a", a1, False, 0.01, "remote_leg", instance_fault=True)
+
+    assert router.pool("prefill", "a").available(a1.url) is False
+    assert router.instance_breakers[a1.url].state == "open"
+    assert router.instance_breakers[a1.url].last_reason == "ejected"
+    assert router.site_breakers["a"].state == "closed"
+    assert router.site_breakers["a"].snapshot()["window_requests"] == 0
+    assert {router.acquire_prefill(config, "a").url for _ in range(4)} == {"http://a2"}
