@@ -199,6 +199,11 @@ TELEMETRY_RETENTION_DAYS = _env_int("PDBRIDGE_TELEMETRY_RETENTION_DAYS", 14, min
 LINK_PROBE_S = _env_int("PDBRIDGE_LINK_PROBE_S", 300, minimum=10)
 LINK_PROBE_SECONDS = _env_int("PDBRIDGE_LINK_PROBE_SECONDS", 1, minimum=1)
 
+# Tidal scale-down (orchestrator.tidalops): the longest the job waits, after draining a node,
+# for every gateway to apply the drain and end its legs to it before stopping the engine
+# anyway (0: do not wait).
+TIDAL_DRAIN_TIMEOUT_S = _env_int("PDBRIDGE_TIDAL_DRAIN_TIMEOUT_S", 120, minimum=0)
+
 # Alert e-mail goes through Django's SMTP backend (tests use the in-memory backend).
 EMAIL_HOST = os.environ.get("PDBRIDGE_EMAIL_HOST", "localhost")
 EMAIL_PORT = _env_int("PDBRIDGE_EMAIL_PORT", 25, minimum=1)

@@ -433,7 +433,8 @@ def launch(
 
 
 def child_status(target: Target, name: str) -> dict[str, Any]:
-    """State, pid, restarts of one child (``state: absent`` when the agent has none)."""
+    """State, pid, restarts and health of one child (``state: absent`` when the agent has
+    none)."""
 
     async def go(agent: AgentClient) -> Any:
         return await agent.status()
@@ -447,8 +448,10 @@ def child_status(target: Target, name: str) -> dict[str, Any]:
                 "pid": child.pid,
                 "port": child.port,
                 "restarts": child.restarts,
+                # The agent's own health checks pass (running and answering its health URL).
+                "healthy": bool(child.healthy),
             }
-    return {"name": name, "state": "absent"}
+    return {"name": name, "state": "absent", "healthy": False}
 
 
 def probe(target: Target, peer_site: str, address: str, seconds: float) -> dict[str, Any]:

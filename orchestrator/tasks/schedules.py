@@ -17,11 +17,31 @@ def apply_tidal() -> list[int]:
     then carry out the hour's scale intent on the remote agents (Launch / Stop of the
     deployment's prefill engine, once per hour; failed calls re-tried on the next tick)."""
     from console.schedules.services import tidal_apply_due
-    from orchestrator.tidalops import carry_out_all
+    from orchestrator.tidalops import DRAINING, RECHECK_S, carry_out_all
 
     ids = tidal_apply_due()
-    carry_out_all(ids)
+    for pk, state in carry_out_all(ids).items():
+        if state == DRAINING:
+            carry_out_tidal.apply_async((pk,), countdown=RECHECK_S)
     return ids
+
+
+@app.task(
+    name="orchestrator.schedules.carry_out_tidal",
+    acks_late=True,
+    soft_time_limit=540,
+    time_limit=600,
+)
+def carry_out_tidal(application_id: int) -> str:
+    """Re-check of one tidal hour whose drain waits for the gateways (sent with a countdown,
+    never a sleeping worker): one step of ``orchestrator.tidalops.carry_out``; sent again while
+    it still waits. A lost message costs at most a minute: the beat's next tick re-checks."""
+    from orchestrator.tidalops import DRAINING, RECHECK_S, carry_out
+
+    state = carry_out(application_id)
+    if state == DRAINING:
+        carry_out_tidal.apply_async((application_id,), countdown=RECHECK_S)
+    return state
 
 
 @app.task(

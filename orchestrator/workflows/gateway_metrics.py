@@ -1,7 +1,8 @@
 """Reading a gateway's Prometheus page into the figures canary gates compare: requests by path
-and outcome, TTFT histograms by path, link utilisation, applied config version and share.
+and outcome, TTFT histograms by path, link utilisation, applied config version and share, and
+the legs in flight per instance (what a tidal drain waits for).
 
-Called by the deployment (step 6) and canary workflows. ``scrape`` is a coroutine with a
+Called by the deployment (step 6), canary and tidal workflows. ``scrape`` is a coroutine with a
 deadline; it raises ``aiohttp.ClientError`` / ``TimeoutError`` when the gateway is unreachable.
 The pure functions (``window``, ``quantile``) work on two scrapes: gates judge the traffic
 *between* the start of a canary step and now, never the gateway's whole lifetime.
@@ -32,6 +33,8 @@ def parse(text: str) -> dict[str, Any]:
         "config_version": None,
         "remote_share": None,
         "kill_switch": None,
+        # role -> site -> instance url -> legs in flight (the tidal drain waits for 0)
+        "instance_in_flight": {},
     }
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -61,6 +64,9 @@ def parse(text: str) -> dict[str, Any]:
                 out["remote_share"] = value
             elif name == "pdbridge_gateway_kill_switch":
                 out["kill_switch"] = value
+            elif name == "pdbridge_gateway_instance_in_flight":
+                by_site = out["instance_in_flight"].setdefault(labels.get("role", ""), {})
+                by_site.setdefault(labels.get("site", ""), {})[labels.get("instance", "")] = value
     return out
 
 

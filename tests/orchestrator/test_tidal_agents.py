@@ -215,7 +215,9 @@ def tidal(bed: Bed) -> Iterator[Tidal]:
         deployment.refresh_from_db()
         deployment_transition(actor=None, deployment=deployment, to_state=state)
     world = Tidal(bed, deployment.pk, schedule.pk)
-    with override_settings(PDBRIDGE_CONTROLLER_INSECURE=False, **bed.tls):
+    # No gateway here (tests/orchestrator/test_tidal_gateway.py has them): a drain is not
+    # waited for.
+    with override_settings(PDBRIDGE_CONTROLLER_INSECURE=False, TIDAL_DRAIN_TIMEOUT_S=0, **bed.tls):
         yield world
         for host in bed.agents:
             if world.state(host)["state"] != "absent":

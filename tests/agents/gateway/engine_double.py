@@ -86,7 +86,9 @@ class EngineDouble:
         self.url = ""
         self.journal: Path | None = None
 
-    async def start(self, ssl_context: Any = None, port: int = 0) -> EngineDouble:
+    async def start(
+        self, ssl_context: Any = None, port: int = 0, host: str = "127.0.0.1"
+    ) -> EngineDouble:
         app = web.Application()
         app.router.add_post("/v1/completions", self.generate)
         app.router.add_post("/v1/chat/completions", self.generate)
@@ -95,7 +97,7 @@ class EngineDouble:
         app.router.add_post("/tokenize", self.tokenize)
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", port, ssl_context=ssl_context)
+        site = web.TCPSite(self.runner, host, port, ssl_context=ssl_context)
         await site.start()
         scheme = "https" if ssl_context else "http"
         self.url = f"{scheme}://127.0.0.1:{self.runner.addresses[0][1]}"
@@ -147,7 +149,7 @@ class EngineDouble:
         kv = body.get("kv_transfer_params") or {}
         leg = "prefill" if kv.get("do_remote_decode") else "decode" if kv else "local"
         line = {"leg": leg, "transfer_id": kv.get("transfer_id"), "outcome": outcome,
-                "status": status}  # fmt: skip
+                "status": status, "ended_at": time.time()}  # fmt: skip
         with journal.open("a") as f:
             f.write(json.dumps(line) + "\n")
 

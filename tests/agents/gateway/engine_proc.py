@@ -1,6 +1,6 @@
 """The engine test double (:mod:`tests.agents.gateway.engine_double`) as a process of its own,
 so that a test can kill it: ``python -m tests.agents.gateway.engine_proc --name NAME
---kv-dir DIR [--port N] [--prefill-delay-s S] [--fail-status N] [--journal FILE]`` prints
+--kv-dir DIR [--port N] [--host H] [--prefill-delay-s S] [--fail-status N] [--journal FILE]`` prints
 ``{"port": N}`` once it listens and serves until SIGTERM (a slow or refusing engine with the
 delay and status options; what it served in the journal).
 
@@ -56,7 +56,8 @@ async def _main(args: argparse.Namespace) -> None:
     double.fail_status = args.fail_status
     double.fail_code = args.fail_code
     double.journal = Path(args.journal) if args.journal else None
-    await double.start(port=args.port)
+    double.max_prompt_chars = args.max_prompt_chars
+    await double.start(port=args.port, host=args.host)
     port = int(double.url.rsplit(":", 1)[1])
     print(json.dumps({"port": port}), flush=True)
     stop = asyncio.Event()
@@ -72,6 +73,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--name", default="engine")
     p.add_argument("--kv-dir", required=True)
     p.add_argument("--port", type=int, default=0)
+    # Where it listens (0.0.0.0: also reachable from outside its network namespace).
+    p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--kv-timeout-s", type=float, default=2.0)
     p.add_argument("--token-delay-s", type=float, default=0.0)
     # A slow prefill site: every prefill leg waits this long before its KV and its answer.
@@ -82,6 +85,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--fail-status", type=int, default=None)
     p.add_argument("--fail-code", default=None)
     p.add_argument("--journal", default=None, help="JSON lines, one per generation request")
+    # Longer prompts are refused as too long (400 context_length_exceeded).
+    p.add_argument("--max-prompt-chars", type=int, default=30_000)
     asyncio.run(_main(p.parse_args(argv)))
     return 0
 
