@@ -14,7 +14,9 @@ from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
 from console.core.charts import _html, empty_chart, time_chart
+from console.core.choices import Role
 from console.core.pages import page_view, paginate
+from console.core.roles import user_has_role
 from console.deployments.flows import CANARY_KIND
 from console.deployments.models import Deployment
 from console.runs.choices import RUN_TERMINAL, RunState
@@ -124,10 +126,7 @@ def canary_list(request: HttpRequest) -> HttpResponse:
     return render(request, "deployments/canary_list.html", {"page": page})
 
 
-@page_view
-@require_GET
-def canary_detail(request: HttpRequest, pk: int) -> HttpResponse:
-    """One canary: share step chart, gate charts and table, rollback reason, operator buttons."""
+def _canary_and_deployment(pk: int) -> tuple[WorkflowRun, Deployment | None]:
     run = _canaries().filter(pk=pk).first()
     if run is None:
         raise Http404("No canary run with this id.")
@@ -136,6 +135,30 @@ def canary_detail(request: HttpRequest, pk: int) -> HttpResponse:
         if run.target_id.isdigit()
         else None
     )
+    return run, deployment
+
+
+def _button_state(run: WorkflowRun) -> dict[str, Any]:
+    return {"live": run.state not in RUN_TERMINAL, "paused": bool((run.params or {}).get("paused"))}
+
+
+@page_view
+@require_GET
+def canary_actions(request: HttpRequest, pk: int) -> HttpResponse:
+    """The canary's operator buttons alone (Pause or Resume, Abort) as they are now: the page
+    reloads them after each action and while the run is live."""
+    run, deployment = _canary_and_deployment(pk)
+    if deployment is None or not user_has_role(request.user, Role.OPERATOR):
+        return HttpResponse("")
+    context = {"run": run, "deployment": deployment, **_button_state(run)}
+    return render(request, "deployments/_canary_actions.html", context)
+
+
+@page_view
+@require_GET
+def canary_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One canary: share step chart, gate charts and table, rollback reason, operator buttons."""
+    run, deployment = _canary_and_deployment(pk)
     steps = list(run.steps.order_by("index"))
     gates = gate_rows(steps)
     failed_gate = next(
@@ -162,8 +185,7 @@ def canary_detail(request: HttpRequest, pk: int) -> HttpResponse:
                 for name, rows in gates.items()
             ],
             "failed_gate": failed_gate,
-            "live": run.state not in RUN_TERMINAL,
-            "paused": bool((run.params or {}).get("paused")),
+            **_button_state(run),
             "plan": (run.params or {}).get("plan") or {},
         },
     )

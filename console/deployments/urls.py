@@ -13,4 +13,5 @@ urlpatterns = [
     path("deployments/<int:pk>/restore/", views.deployment_restore, name="deployment-page-restore"),
     path("canaries/", canary_page.canary_list, name="canaries-page"),
     path("canaries/<int:pk>/", canary_page.canary_detail, name="canary-page"),
+    path("canaries/<int:pk>/actions/", canary_page.canary_actions, name="canary-page-actions"),
 ]

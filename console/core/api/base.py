@@ -6,6 +6,8 @@ from typing import Any
 
 from rest_framework import viewsets
 
+from console.core.api.htmx import as_toast
+
 
 class ConsoleViewSetMixin:
     """Numeric ids only (``/api/sites/abc/`` is a 404, not a 500); every list filterable and
@@ -14,6 +16,16 @@ class ConsoleViewSetMixin:
     lookup_value_regex = r"[0-9]+"
     ordering_fields = ["id"]
     ordering = ["id"]
+
+    def finalize_response(self, request: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
+        """An action a page button posted with htmx answers a toast (``console.core.api.htmx``);
+        everything else, JSON."""
+        response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
+        if getattr(response, "data", None) is not None:
+            toast = as_toast(request, response)
+            if toast is not None:
+                return toast
+        return response
 
 
 class ConsoleModelViewSet(ConsoleViewSetMixin, viewsets.ModelViewSet):

@@ -41,7 +41,10 @@ def test_a_viewer_sees_firing_history_and_rules_but_no_buttons_or_channels(firin
 
 def test_an_operator_acknowledges_and_it_is_audited_and_shown(firing, client_as):
     operator = client_as("operator")
-    assert "Acknowledge</button>" in operator.get("/alerts/").content.decode()
+    page = operator.get("/alerts/").content.decode()
+    assert "Acknowledge</button>" in page
+    assert f'hx-post="/alerts/{firing.pk}/acknowledge"' in page  # the page's action, not the API
+    assert f'hx-post="/alert-rules/{firing.rule_id}/edit"' in page
 
     answer = operator.post(
         f"/alerts/{firing.pk}/acknowledge", {"note": "INC-42, on it"}, HTTP_HX_REQUEST="true"

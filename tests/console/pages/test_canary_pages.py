@@ -146,6 +146,28 @@ def test_paused_canary_offers_resume(client_as, world, canary):
     assert "paused" in html
 
 
+def test_pause_answers_a_toast_and_the_buttons_follow_the_run(client_as, world, canary):
+    operator = client_as("operator")
+    base = f"/api/deployments/{world.deployment.pk}/canary"
+
+    paused = operator.post(f"{base}/pause/", HTTP_HX_REQUEST="true")
+    buttons = operator.get(f"/canaries/{canary.pk}/actions/").content.decode()
+    json_answer = operator.post(f"{base}/resume/")  # automation: JSON as always
+
+    assert paused.status_code == 200
+    toast = paused.content.decode()
+    assert f"Canary run #{canary.pk} is" in toast
+    assert "(paused)" in toast
+    assert f'href="/canaries/{canary.pk}/"' in toast
+    assert paused["HX-Trigger"] == "pdbridge-run-changed"
+    assert 'hx-trigger="pdbridge-run-changed from:body, every 5s"' in buttons
+    assert "canary/resume" in buttons
+    assert "canary/pause" not in buttons
+    assert json_answer.json()["id"] == canary.pk
+    assert "canary/pause" in operator.get(f"/canaries/{canary.pk}/actions/").content.decode()
+    assert client_as("viewer").get(f"/canaries/{canary.pk}/actions/").content == b""
+
+
 def test_canary_pages_need_a_role_and_a_canary(client, client_as, canary):
     assert client.get(f"/canaries/{canary.pk}/").status_code == 302
     assert client_as(None).get("/canaries/").status_code == 403

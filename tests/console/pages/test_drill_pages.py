@@ -103,6 +103,26 @@ def test_run_button_starts_the_drill_through_the_api(client_as, drill):
     assert DrillReport.objects.filter(drill=drill, state="running").count() == 1
 
 
+def test_the_run_button_answers_a_toast_linking_the_report_and_a_refusal_in_words(client_as, drill):
+    client = client_as("operator")
+
+    started = client.post(f"/api/drills/{drill.pk}/run/", HTTP_HX_REQUEST="true")
+    refused = client.post(f"/api/drills/{drill.pk}/run/", HTTP_HX_REQUEST="true")
+
+    report = DrillReport.objects.get(drill=drill)
+    assert started.status_code == 202
+    assert started["Content-Type"].startswith("text/html")
+    toast = started.content.decode()
+    assert f"Drill {drill.name} started: report #{report.pk}." in toast
+    assert f'href="/drills/reports/{report.pk}/"' in toast
+    assert f'href="/runs/{report.run_id}/"' in toast
+    assert "{" not in toast  # no JSON in the page
+    assert started["HX-Trigger"] == "pdbridge-run-changed"
+    assert refused.status_code == 409
+    assert "Refused (409):" in refused.content.decode()
+    assert "HX-Trigger" not in refused
+
+
 def test_report_page_shows_verdict_chart_ttft_times_and_criteria(
     client_as, finished_report, django_assert_max_num_queries
 ):

@@ -1,0 +1,67 @@
+"""Actions as an operator clicks them in a real browser: acknowledging a firing alert swaps
+its row (who and the note); Pause on a live canary answers a toast linking the canary and the
+button turns into Resume without a reload; Run drill answers a toast linking the report it
+started, and running it again shows the refusal in words. No JSON reaches the page.
+Screenshots go to ``var/screenshots/``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from console.alerts.services import alerts_evaluate
+from console.deployments import flows
+from console.drills import services as drills
+from console.drills.models import DrillReport
+from console.telemetry import names
+from console.telemetry.services import sample_record
+from tests.e2e.test_console_browser import _login
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_operator_acknowledges_pauses_and_runs_a_drill(
+    browser: Any, live_server: Any, make_user: Any, world: Any, screenshots: Any
+) -> None:
+    make_user("operator", username="operator")
+    base = live_server.url
+    sample_record(subject=world.link, name=names.LINK_RTT_MS, value=250.0)
+    alerts_evaluate(now=timezone.now(), notify=False)
+    canary = flows.canary_start(actor=None, deployment=world.deployment)
+    drill = drills.drill_create(
+        actor=None, name="cut-east", deployment=world.deployment, kind="link_cut"
+    )
+    page = _login(browser, base, "operator")
+
+    page.goto(f"{base}/alerts/")
+    row = page.locator("#firing tbody tr").first
+    row.locator("input[name=note]").fill("INC-9, on it")
+    row.locator("button", has_text="Acknowledge").click()
+    page.wait_for_selector("#firing td.ack:has-text('acknowledged by operator')")
+    assert "INC-9, on it" in page.inner_text("#firing")
+    page.screenshot(path=str(screenshots / "alerts.png"), full_page=True)
+
+    page.goto(f"{base}/canaries/{canary.pk}/")
+    page.click("#canary-actions button:has-text('Pause')")
+    page.wait_for_selector("#workflow-result .toast.good")
+    toast = page.inner_text("#workflow-result")
+    assert f"Canary run #{canary.pk} is" in toast
+    assert "{" not in toast
+    assert page.locator("#workflow-result a", has_text="the canary").count() == 1
+    # The buttons reload on the toast's event: Resume replaces Pause without a page load.
+    page.wait_for_selector("#canary-actions button:has-text('Resume')")
+    page.screenshot(path=str(screenshots / "canary-paused.png"), full_page=True)
+
+    page.goto(f"{base}/drills/?deployment={world.deployment.pk}")
+    page.click("button:has-text('Run drill')")
+    page.wait_for_selector("#workflow-result .toast.good")
+    report = DrillReport.objects.get(drill=drill)
+    link = page.locator("#workflow-result a", has_text="the report")
+    assert link.get_attribute("href") == f"/drills/reports/{report.pk}/"
+    page.click("button:has-text('Run drill')")
+    page.wait_for_selector("#workflow-result .toast.bad")
+    assert "Refused (409)" in page.inner_text("#workflow-result")
+    page.screenshot(path=str(screenshots / "drill-run.png"), full_page=True)
+    page.context.close()
