@@ -3,6 +3,10 @@ console's own Prometheus metrics and plotly.js. Reads only; every page any role 
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import re
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
 from pathlib import Path
@@ -43,19 +47,58 @@ def healthz(request: HttpRequest) -> JsonResponse:
         return JsonResponse({"status": "error", "database": type(exc).__name__}, status=503)
 
 
+#: plotly.js's partial bundle with the trace types the console draws (scatter, bar): a quarter
+#: of the full bundle. Used only while its version is the one the installed plotly package
+#: ships (the figures' JSON is written for that version); else the package's full bundle.
+PLOTLY_BASIC = Path(__file__).parent / "static" / "console" / "vendor" / "plotly-basic-4.1.1.min.js"
+_PLOTLY_VERSION = re.compile(rb"plotly\.js(?: \([a-z -]+\))? v([0-9][0-9.]*)")
+
+
+def plotly_version(bundle: bytes) -> str:
+    """The version in a plotly.js bundle's banner ("" when there is none)."""
+    found = _PLOTLY_VERSION.search(bundle[:300])
+    return found.group(1).decode() if found else ""
+
+
+@dataclass(frozen=True)
+class PlotlyBundle:
+    name: str
+    raw: bytes
+    gzipped: bytes
+    etag: str
+
+
 @cache
-def _plotly_js() -> bytes:
+def plotly_bundle() -> PlotlyBundle:
+    """The bundle the console serves, with its gzip form and ETag, built once per process."""
     import plotly
 
-    return (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_bytes()
+    full = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_bytes()
+    basic = PLOTLY_BASIC.read_bytes()
+    name, raw = (
+        ("basic", basic) if plotly_version(basic) == plotly_version(full) else ("full", full)
+    )
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    return PlotlyBundle(name, raw, gzip.compress(raw, compresslevel=6, mtime=0), f'"{digest}"')
 
 
 @require_GET
 def plotly_js(request: HttpRequest) -> HttpResponse:
-    """plotly.js from the installed plotly package, the one copy every chart page loads
-    (the console needs no CDN and keeps no second copy in its static files)."""
-    response = HttpResponse(_plotly_js(), content_type="application/javascript")
+    """plotly.js for every chart page, from the console itself (no CDN): the partial bundle
+    when it matches the installed plotly (see ``plotly_bundle``), gzip-compressed for clients
+    that accept it (1.2 MB -> 0.4 MB), with an ETag so a reload costs a 304."""
+    bundle = plotly_bundle()
+    if request.headers.get("If-None-Match") == bundle.etag:
+        response = HttpResponse(status=304)
+    elif "gzip" in request.headers.get("Accept-Encoding", ""):
+        response = HttpResponse(bundle.gzipped, content_type="application/javascript")
+        response["Content-Encoding"] = "gzip"
+    else:
+        response = HttpResponse(bundle.raw, content_type="application/javascript")
+    response["ETag"] = bundle.etag
+    response["Vary"] = "Accept-Encoding"
     response["Cache-Control"] = "public, max-age=86400"
+    response["X-Plotly-Bundle"] = bundle.name
     return response
 
 
