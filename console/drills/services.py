@@ -301,7 +301,7 @@ def drill_run(*, actor: Actor, drill: Drill, trigger: str = "manual") -> DrillRe
         if report.run is not None and report.run.state not in RUN_TERMINAL:
             busy = report
         else:  # its run was canceled or failed without reaching on_failure
-            drill_report_abort(run_id=report.run_id or 0, error="run ended without a report")
+            drill_report_abort(run_id=report.run_id or 0, error=run_ended_text(report))
     if busy is not None:
         raise Conflict(f"Drill {busy.drill.name} is running on this deployment (report {busy.pk}).")
     run = run_services.run_create(
@@ -337,6 +337,15 @@ def drill_report_complete(*, run_id: int, figures: dict[str, Any]) -> DrillRepor
     report.error = ""
     report.save()
     return report
+
+
+def run_ended_text(report: DrillReport) -> str:
+    """Why a report whose run ended without reaching its report step has no verdict."""
+    run = report.run
+    if run is None:
+        return "its run is gone"
+    why = f": {run.error}" if run.error else ""
+    return f"run #{run.pk} ended {run.state} before the report step{why}"
 
 
 @transaction.atomic

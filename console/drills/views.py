@@ -17,7 +17,10 @@ from console.core.pages import page_view, paginate
 from console.deployments.models import Deployment
 from console.drills import selectors
 from console.drills.charts import timeline_chart
+from console.drills.choices import ReportState
 from console.drills.models import Drill, DrillReport
+from console.drills.services import run_ended_text
+from console.runs.choices import RUN_TERMINAL
 
 #: The report's windows, by request start (``orchestrator.workflows.drill_figures.WINDOWS``).
 WINDOWS = ("before", "during", "after")
@@ -90,5 +93,12 @@ def report_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "ttft_rows": _ttft_rows(report.ttft or {}),
             "requests_rows": _requests_rows(report.requests or {}),
             "marks": (report.timeline or {}).get("marks") or {},
+            "ended_early": (
+                run_ended_text(report)
+                if report.state == ReportState.RUNNING
+                and report.run is not None
+                and report.run.state in RUN_TERMINAL
+                else ""
+            ),
         },
     )

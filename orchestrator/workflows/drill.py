@@ -24,6 +24,7 @@ from agents.engines.verify import compare, make_prompt
 from agents.loadgen import read_records
 from console.drills import services as drill_services
 from console.drills.choices import STEPS as STEP_NAMES
+from console.runs.models import StepRun
 from orchestrator import drillops
 from orchestrator.steps import Done, Fail, Step, StepContext, StepResult, Wait
 from orchestrator.workflows.drill_figures import (
@@ -266,7 +267,14 @@ def on_failure(ctx: StepContext) -> None:
             drillops.clear(_spec(fault, ctx.params), fault["id"])
         except Exception as exc:  # the agent's expiry lifts it regardless
             ctx.log(f"clear {fault['id']} failed: {exc}")
-    drill_services.drill_report_abort(run_id=ctx.run_id, error=f"step {ctx.step_name} failed")
+    # The report says why, not only where: the failed step's own error, as the run page has it.
+    cause = (
+        StepRun.objects.filter(run_id=ctx.run_id, name=ctx.step_name)
+        .values_list("error", flat=True)
+        .first()
+    )
+    error = f"step {ctx.step_name} failed: {cause}" if cause else f"step {ctx.step_name} failed"
+    drill_services.drill_report_abort(run_id=ctx.run_id, error=error)
 
 
 STEPS = [

@@ -6,7 +6,11 @@ import socket
 import time
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
 
+from console.core.choices import Role
+from console.core.roles import role_group
 from console.drills import services
 from console.drills.models import DrillReport
 from console.runs.models import WorkflowRun
@@ -68,5 +72,10 @@ def test_drill_with_unreachable_gateway_fails_its_first_step_and_aborts_the_repo
     assert run.state == "failed"
     assert run.error.startswith("step 0 start_load: URLError")
     assert report.state == "aborted"
-    assert report.error == "step start_load failed"
+    assert report.error.startswith("step start_load failed: URLError")  # why, not only where
+    page = Client()
+    page.force_login(get_user_model().objects.create_user("v", password="pw-1-tests"))
+    get_user_model().objects.get(username="v").groups.add(role_group(Role.VIEWER))
+    html = page.get(f"/drills/reports/{report.pk}/").content.decode()
+    assert "Not judged: the drill was aborted (step start_load failed: URLError" in html
     assert not (tmp_path / "var" / "drills" / f"run-{run.pk}" / "loadgen.json").exists()

@@ -180,7 +180,11 @@ def test_a_second_drill_on_the_same_deployment_is_409_while_one_runs(api_as, wor
     # drill may start.
     WorkflowRun.objects.filter(pk=first["last_report"]["run"]).update(state="canceled")
     assert api_as("operator").post(f"/api/drills/{second.pk}/run/").status_code == 202
-    assert DrillReport.objects.get(pk=first["last_report"]["id"]).state == "aborted"
+    aborted = DrillReport.objects.get(pk=first["last_report"]["id"])
+    assert aborted.state == "aborted"
+    assert (
+        aborted.error == f"run #{first['last_report']['run']} ended canceled before the report step"
+    )
 
 
 @pytest.mark.parametrize(
