@@ -202,5 +202,24 @@ def deployment_restore(request: HttpRequest, pk: int) -> HttpResponse:
         except (APIException, ValidationError, ValueError) as exc:
             _refused(request, exc)
         else:
-            messages.success(request, f"Restored v{raw} as v{restored.version}.")
+            messages.success(request, restore_message(restored, int(raw)))
     return HttpResponseRedirect(reverse("deployment-page", args=[pk]))
+
+
+def restore_message(restored: Deployment, version: int) -> str:
+    """What a restore did, and what it deliberately left as it was: the operator must not
+    believe traffic is back on the remote path while the kill switch still holds it local."""
+    parts = [f"Restored v{version} as v{restored.version}."]
+    snapshot = restored.snapshots.filter(version=version).first()
+    then = any(
+        section.get("kill_switch")
+        for section in (snapshot.config.values() if snapshot else [])
+        if isinstance(section, dict)
+    )
+    if restored.kill_switch and not then:
+        parts.append(
+            "The kill switch stayed ON (a restore never turns it off): every request is still "
+            "served locally until someone turns it off."
+        )
+    parts.append(f"The deployment stays {restored.state} (its lifecycle is not configuration).")
+    return " ".join(parts)

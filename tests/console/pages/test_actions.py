@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from console.core.models import AuditLog
-from console.deployments.services import deployment_update
+from console.deployments.services import deployment_set_kill_switch, deployment_update
 from console.runs.models import WorkflowRun
 from console.runs.services import step_claim_next, step_fail
 
@@ -116,6 +116,22 @@ def test_operator_restores_an_earlier_version(client_as, pages):
     assert dep.remote_prefill_threshold_tokens == original
     assert dep.version == before + 1
     assert f"Restored v{before - 1} as v{before + 1}" in response.content.decode()
+
+
+def test_restore_says_the_kill_switch_stayed_on(client_as, pages):
+    dep = pages.world.deployment
+    old = dep.version
+    deployment_set_kill_switch(actor=None, deployment=dep, enabled=True)
+
+    response = client_as("operator").post(
+        f"/deployments/{dep.pk}/restore/", {"version": str(old)}, follow=True
+    )
+
+    html = response.content.decode()
+    dep.refresh_from_db()
+    assert dep.kill_switch is True
+    assert "The kill switch stayed ON (a restore never turns it off)" in html
+    assert f"The deployment stays {dep.state}" in html
 
 
 def test_restore_of_a_missing_version_is_a_message_not_a_500(client_as, pages):
