@@ -1,25 +1,36 @@
 """Drill pages: the drills of every (or one) deployment with their latest report and a "run
 drill" button for operators (an htmx POST to the drills API's ``run`` action, so it is
-audited and conflict-checked by ``console.drills.services``), and one report with its
-timeline chart, TTFT per window, detect / recover times, verification and criteria."""
+audited and conflict-checked by ``console.drills.services``), one drill's definition and
+reports, the create / edit form for operators (``DrillForm`` through ``drill_create`` /
+``drill_update``, the API's services: same checks, same audit entry; a refusal is a message
+on the field it names), and one report with its timeline chart, TTFT per window, detect /
+recover times, verification and criteria."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import F, Prefetch, Window
 from django.db.models.functions import RowNumber
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
-from django.views.decorators.http import require_GET
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods
 
-from console.core.pages import page_view, paginate
+from console.core.choices import Role
+from console.core.forms import call_service
+from console.core.pages import action_view, page_view, paginate
+from console.core.roles import user_has_role
 from console.deployments.models import Deployment
-from console.drills import selectors
+from console.drills import selectors, services
 from console.drills.charts import timeline_chart
 from console.drills.choices import ReportState
+from console.drills.criteria import DEFAULTS as CRITERIA_DEFAULTS
+from console.drills.forms import DrillForm
 from console.drills.models import Drill, DrillReport
-from console.drills.services import run_ended_text
+from console.drills.services import LOAD_DEFAULTS, run_ended_text
 from console.runs.choices import RUN_TERMINAL
 
 #: The report's windows, by request start (``orchestrator.workflows.drill_figures.WINDOWS``).
@@ -52,6 +63,94 @@ def drill_list(request: HttpRequest) -> HttpResponse:
     for drill in page.object_list:
         drill.recent_reports = list(drill.reports.all())
     return render(request, "drills/drill_list.html", {"page": page, "deployment": deployment})
+
+
+@page_view
+@require_GET
+def drill_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One drill: its definition (criteria with their defaults, target overrides, load,
+    schedule) and its reports, newest first."""
+    drill = get_object_or_404(selectors.drill_list(), pk=pk)
+    criteria = [
+        (key, (drill.criteria or {}).get(key, default), key not in (drill.criteria or {}))
+        for key, default in CRITERIA_DEFAULTS.items()
+    ]
+    load = [
+        (key, (drill.load_profile or {}).get(key, default), key not in (drill.load_profile or {}))
+        for key, default in LOAD_DEFAULTS.items()
+    ]
+    return render(
+        request,
+        "drills/drill_detail.html",
+        {
+            "drill": drill,
+            "criteria": criteria,
+            "load": load,
+            "page": paginate(request, drill.reports.select_related("run")),
+        },
+    )
+
+
+def _operator_form(request: HttpRequest) -> None:
+    """Viewers see no forms: the form page itself answers 403 as its POST does."""
+    if not user_has_role(request.user, Role.OPERATOR):
+        raise PermissionDenied(f"This needs the {Role.OPERATOR.value} role.")
+
+
+@page_view
+@require_http_methods(["GET", "POST"])
+def drill_new(request: HttpRequest) -> HttpResponse:
+    """The create form (``?deployment=<id>`` preselects the deployment)."""
+    if request.method == "POST":
+        return _drill_save(request, None)
+    _operator_form(request)
+    raw = request.GET.get("deployment", "")
+    form = DrillForm(initial={"deployment": int(raw)} if raw.isdigit() else {})
+    return render(request, "drills/drill_form.html", {"form": form, "drill": None})
+
+
+@page_view
+@require_http_methods(["GET", "POST"])
+def drill_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    """The edit form of one drill."""
+    if request.method == "POST":
+        return _drill_save(request, pk)
+    _operator_form(request)
+    drill = get_object_or_404(Drill, pk=pk)
+    return render(
+        request, "drills/drill_form.html", {"form": DrillForm(drill=drill), "drill": drill}
+    )
+
+
+@action_view(Role.OPERATOR)
+def _drill_save(request: HttpRequest, pk: int | None) -> HttpResponse:
+    """Create or change a drill through the services; back to the drill's page with a
+    message, or the form again (400) with each refusal on its field."""
+    drill = get_object_or_404(Drill, pk=pk) if pk is not None else None
+    form = DrillForm(request.POST, drill=drill)
+    saved = None
+    if form.is_valid():
+        fields = form.service_fields()
+        if drill is None:
+            saved = call_service(
+                form, services.drill_create, DrillForm.ALIASES, actor=request.user, **fields
+            )
+        else:
+            saved = call_service(
+                form,
+                services.drill_update,
+                DrillForm.ALIASES,
+                actor=request.user,
+                drill=drill,
+                **fields,
+            )
+    if saved is None:
+        if drill is not None:
+            drill.refresh_from_db()
+        return render(request, "drills/drill_form.html", {"form": form, "drill": drill}, status=400)
+    verb = "created" if drill is None else "saved"
+    messages.success(request, f"Drill {saved.name} {verb}.")
+    return HttpResponseRedirect(reverse("drill-page", args=[saved.pk]))
 
 
 def _ttft_rows(ttft: dict[str, Any]) -> list[dict[str, Any]]:
