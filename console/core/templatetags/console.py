@@ -71,6 +71,18 @@ def object_url(object_type: str, object_id: str) -> str:
 
 
 @register.filter
+def sig(value: Any, digits: int = 4) -> Any:
+    """A measured figure for a table: ``digits`` significant digits (0.0008311893924401346 ->
+    0.0008312, 0.999000001 -> 0.999), whole numbers from 10**digits up; anything not a float
+    unchanged (None stays None for ``default_if_none``)."""
+    if not isinstance(value, float):
+        return value
+    if abs(value) >= 10**digits:
+        return f"{value:.0f}"
+    return f"{value:.{int(digits)}g}"
+
+
+@register.filter
 def thousands(value: Any) -> str:
     """1234567 -> 1,234,567 (no locale dependence)."""
     try:

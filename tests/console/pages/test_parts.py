@@ -44,6 +44,16 @@ def test_evidence_escapes_everything():
     assert "&lt;script&gt;" in html
 
 
+def test_sig_rounds_measured_figures_for_tables():
+    from console.core.templatetags.console import sig
+
+    assert sig(0.0008311893924401346) == "0.0008312"
+    assert sig(0.999000001) == "0.999"
+    assert sig(123456.7) == "123457"
+    assert sig(2) == 2  # whole numbers and None pass through
+    assert sig(None) is None
+
+
 def test_template_helpers():
     assert state_class("succeeded") == "good"
     assert state_class("lost") == "bad"
