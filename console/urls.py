@@ -23,6 +23,7 @@ urlpatterns = [
     path("", include("console.deployments.urls")),
     path("", include("console.runs.urls")),
     path("", include("console.drills.urls")),
+    path("", include("console.rollouts.urls")),
     path("", include("console.schedules.urls")),
     path("", include("console.gatewaykeys.urls")),
     path("", include("console.alerts.urls")),
