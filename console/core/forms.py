@@ -123,3 +123,18 @@ def hourly_errors(form: forms.BaseForm, field: str) -> dict[int, str]:
         if match:
             marked[int(match.group(1))] = message
     return marked
+
+
+def hour_cells(form: forms.BaseForm, field: str, current: list[Any] | None) -> list[dict[str, Any]]:
+    """The 24 cells of an hourly grid: the input's name, what was posted (or ``current``),
+    and the message naming that hour, if any (``field[5]: ...``)."""
+    marked = hourly_errors(form, field) if form.is_bound else {}
+    cells = []
+    for hour in range(24):
+        name = form.add_prefix(f"{field}_{hour}")
+        if form.is_bound:
+            value = form.data.get(name, "")
+        else:
+            value = current[hour] if current and hour < len(current) else ""
+        cells.append({"hour": hour, "name": name, "value": value, "error": marked.get(hour, "")})
+    return cells

@@ -4,22 +4,31 @@ service (``services.tidal_inputs`` + ``policy.day_plan``, the same as ``GET
 planned remote instances and remote share by hour against the capacity window, and the cost
 per million tokens against the all-local and always-remote schedules. Blocking (the plan
 sweeps the planner grid per candidate count); a schedule whose inputs do not plan shows the
-field at fault instead of an error page."""
+field at fault instead of an error page. Operators create and edit schedules and each site's
+hourly price table here (``TidalScheduleForm`` / ``PriceTableForm`` through the API's
+services: the same checks and audit entry; a refusal marks the input, or the hour, it
+names); price tables save in place with htmx."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import ValidationError
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_http_methods
 
 from console.core.charts import _html, xy_chart
-from console.core.pages import page_view, paginate
+from console.core.choices import Role
+from console.core.forms import call_service
+from console.core.pages import action_view, page_view, paginate
+from console.core.roles import user_has_role
+from console.inventory.models import Site
 from console.schedules import policy, services
-from console.schedules.models import TidalSchedule
+from console.schedules.forms import PriceTableForm, TidalScheduleForm
+from console.schedules.models import SitePriceTable, TidalSchedule
 
 HOURS = list(range(24))
 BASELINES = (
@@ -152,3 +161,124 @@ def tidal_detail(request: HttpRequest, pk: int) -> HttpResponse:
         hours=plan["hours"],
     )
     return render(request, "schedules/tidal_detail.html", context)
+
+
+def _operator_form(request: HttpRequest) -> None:
+    """Viewers see no forms: the form page itself answers 403 as its POST does."""
+    if not user_has_role(request.user, Role.OPERATOR):
+        raise PermissionDenied(f"This needs the {Role.OPERATOR.value} role.")
+
+
+@page_view
+@require_http_methods(["GET", "POST"])
+def tidal_new(request: HttpRequest) -> HttpResponse:
+    """The create form, starting from the planner's case-study scenario (``?deployment=<id>``
+    preselects the deployment)."""
+    if request.method == "POST":
+        return _tidal_save(request, None)
+    _operator_form(request)
+    raw = request.GET.get("deployment", "")
+    form = TidalScheduleForm(initial={"deployment": int(raw)} if raw.isdigit() else {})
+    return render(request, "schedules/tidal_form.html", {"form": form, "schedule": None})
+
+
+@page_view
+@require_http_methods(["GET", "POST"])
+def tidal_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    """The edit form of one schedule."""
+    if request.method == "POST":
+        return _tidal_save(request, pk)
+    _operator_form(request)
+    schedule = get_object_or_404(_schedules(), pk=pk)
+    form = TidalScheduleForm(schedule=schedule)
+    return render(request, "schedules/tidal_form.html", {"form": form, "schedule": schedule})
+
+
+@action_view(Role.OPERATOR)
+def _tidal_save(request: HttpRequest, pk: int | None) -> HttpResponse:
+    """Create or change a schedule through the services; to its plan with a message, or the
+    form again (400) with each refusal on its input or hour."""
+    schedule = get_object_or_404(_schedules(), pk=pk) if pk is not None else None
+    form = TidalScheduleForm(request.POST, schedule=schedule)
+    saved = None
+    if form.is_valid():
+        if schedule is None:
+            saved = call_service(
+                form, services.tidal_schedule_create, actor=request.user, **form.service_fields()
+            )
+        else:
+            saved = call_service(
+                form,
+                services.tidal_schedule_update,
+                actor=request.user,
+                schedule=schedule,
+                **form.service_fields(),
+            )
+    if saved is None:
+        if schedule is not None:
+            schedule.refresh_from_db()
+        context = {"form": form, "schedule": schedule}
+        return render(request, "schedules/tidal_form.html", context, status=400)
+    verb = "created" if schedule is None else "saved"
+    messages.success(request, f"Tidal schedule of {saved.deployment.name} {verb}.")
+    return HttpResponseRedirect(reverse("tidal-page", args=[saved.pk]))
+
+
+def _price_forms(bound: PriceTableForm | None = None) -> list[PriceTableForm]:
+    tables = {t.site_id: t for t in SitePriceTable.objects.all()}
+    forms = []
+    for site in Site.objects.order_by("name"):
+        if bound is not None and bound.site.pk == site.pk:
+            forms.append(bound)
+        else:
+            forms.append(PriceTableForm(site=site, table=tables.get(site.pk)))
+    return forms
+
+
+@page_view
+@require_GET
+def price_list(request: HttpRequest) -> HttpResponse:
+    """Every site's GPU-hour price by hour of the day: its table, or its flat price every
+    hour; operators edit each table in place."""
+    return render(request, "schedules/price_list.html", {"forms": _price_forms()})
+
+
+@action_view(Role.OPERATOR)
+def price_save(request: HttpRequest, site_pk: int) -> HttpResponse:
+    """Create or change one site's table (``price_table_create`` / ``_update``). htmx gets
+    the site's form back (saved, or 400 with the hours refused); a plain POST goes back to
+    the prices page."""
+    site = get_object_or_404(Site, pk=site_pk)
+    table = SitePriceTable.objects.filter(site=site).first()
+    form = PriceTableForm(request.POST, site=site, table=table)
+    saved = None
+    if form.is_valid():
+        if table is None:
+            saved = call_service(
+                form,
+                services.price_table_create,
+                actor=request.user,
+                site=site,
+                **form.service_fields(),
+            )
+        else:
+            saved = call_service(
+                form,
+                services.price_table_update,
+                actor=request.user,
+                table=table,
+                **form.service_fields(),
+            )
+    htmx = request.headers.get("HX-Request") == "true"
+    if saved is None:
+        if htmx:
+            context = {"form": form, "saved": False}
+            return render(request, "schedules/_price_table.html", context, status=400)
+        return render(
+            request, "schedules/price_list.html", {"forms": _price_forms(form)}, status=400
+        )
+    if htmx:
+        fresh = PriceTableForm(site=site, table=saved)
+        return render(request, "schedules/_price_table.html", {"form": fresh, "saved": True})
+    messages.success(request, f"Prices of {site.name} saved.")
+    return HttpResponseRedirect(reverse("tidal-prices-page") + f"#prices-{site.pk}")
