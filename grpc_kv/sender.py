@@ -204,8 +204,9 @@ class Transfer(ChunkStreams):
             self.summary.resumes += 1
             self.link.metrics.resumes.labels(ROLE).inc()
             log.info(
-                "transfer_resumed transfer_id=%s contiguous=%d",
+                "transfer_resumed transfer_id=%s request_id=%s contiguous=%d",
                 self.header.transfer_id,
+                self.header.request_id,
                 reply.contiguous,
             )
 

@@ -220,7 +220,12 @@ class TransferStore:
         if transfer.failed or (transfer.finished and transfer.delivered == transfer.contiguous):
             return
         transfer.failed = reason
-        log.warning("transfer_failed transfer_id=%s reason=%s", transfer.transfer_id, reason)
+        log.warning(
+            "transfer_failed transfer_id=%s request_id=%s reason=%s",
+            transfer.transfer_id,
+            transfer.header.request_id if transfer.header is not None else "",
+            reason,
+        )
         self._end(transfer, f"failed: {reason}")
         transfer.changed.set()
 
@@ -280,7 +285,12 @@ class TransferStore:
                 )
             self.metrics.resumes.labels(ROLE).inc()
             transfer.progress = time.monotonic()
-            log.info("transfer_resumed transfer_id=%s contiguous=%d", tid, transfer.contiguous)
+            log.info(
+                "transfer_resumed transfer_id=%s request_id=%s contiguous=%d",
+                tid,
+                header.request_id,
+                transfer.contiguous,
+            )
             return pb.BeginReply(
                 contiguous=transfer.contiguous,
                 held=sorted(s for s in transfer.checksums if s >= transfer.contiguous),
@@ -474,8 +484,9 @@ class TransferStore:
         if transfer.discard:
             self._end(transfer, "completed")
         log.info(
-            "transfer_finished transfer_id=%s chunks=%d raw_bytes=%d",
+            "transfer_finished transfer_id=%s request_id=%s chunks=%d raw_bytes=%d",
             transfer.transfer_id,
+            transfer.header.request_id if transfer.header is not None else "",
             trailer.chunk_count,
             trailer.raw_bytes,
         )

@@ -49,7 +49,15 @@ from pdbridge_vllm.layout import LAYOUT_ATTR, GroupLayout, KvLayout, LayerPages,
 from pdbridge_vllm.metadata import LoadStart, PdbridgeMetadata, SaveEnd, SaveStep
 from pdbridge_vllm.pages import NULL_BLOCK, PageWriter, page_bytes
 from pdbridge_vllm.runtime import Incoming, Outgoing, Runtime
-from pdproto.kv import DEADLINE_S, DO_REMOTE_DECODE, DO_REMOTE_PREFILL, KV_DESTINATION, TRANSFER_ID
+from pdproto.http import clip_request_id
+from pdproto.kv import (
+    DEADLINE_S,
+    DO_REMOTE_DECODE,
+    DO_REMOTE_PREFILL,
+    KV_DESTINATION,
+    REQUEST_ID,
+    TRANSFER_ID,
+)
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -163,6 +171,9 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
             n_tokens=local + num_external_tokens,
             local_tokens=local,
             block_ids=block_ids,
+            # vLLM's request id derives from X-Request-Id but carries prefixes and suffixes
+            # of its own; the gateway's id rides in kv_transfer_params.
+            request_id=clip_request_id(str(params.get(REQUEST_ID) or request.request_id)),
         )
         self._pending.loads.append(start)
         self._loading[request.request_id] = start
@@ -206,7 +217,7 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
                         req_id=req_id,
                         transfer_id=str(params[TRANSFER_ID]),
                         destination=str(params[KV_DESTINATION]),
-                        request_id=str(params.get("request_id") or req_id)[:128],
+                        request_id=clip_request_id(str(params.get(REQUEST_ID) or req_id)),
                         n_tokens=request.num_prompt_tokens,
                         computed=request.num_computed_tokens
                         + scheduler_output.num_scheduled_tokens.get(req_id, 0),
@@ -531,5 +542,11 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
             return layout.check_attr(header.attrs.get(LAYOUT_ATTR), load.n_tokens)
 
         self._in[load.req_id] = Incoming(
-            self._runtime, load.transfer_id, load.deadline_s, self._fingerprint, check, writer.write
+            self._runtime,
+            load.transfer_id,
+            load.deadline_s,
+            self._fingerprint,
+            check,
+            writer.write,
+            request_id=load.request_id or load.req_id,
         )

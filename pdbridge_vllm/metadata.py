@@ -43,6 +43,9 @@ class LoadStart:
     n_tokens: int
     local_tokens: int
     block_ids: BlockIds
+    #: The gateway's request id (``kv_transfer_params.request_id``), else vLLM's own: named in
+    #: the load's log lines.
+    request_id: str = ""
 
 
 @dataclass

@@ -263,9 +263,11 @@ class Incoming:
         fingerprint: kv.Fingerprint,
         check: Callable[[kv.TransferHeader], str | None],
         write: Callable[[kv.Segment], None],
+        request_id: str = "",
     ) -> None:
         self.runtime = runtime
         self.transfer_id = transfer_id
+        self.request_id = request_id
         self.deadline_s = deadline_s
         self.done = threading.Event()
         self.error: str | None = None
@@ -334,15 +336,17 @@ class Incoming:
         self.runtime.record(update)
         if error is None:
             log.info(
-                "pdbridge_kv_loaded transfer_id=%s bytes=%d seconds=%.3f",
+                "pdbridge_kv_loaded transfer_id=%s request_id=%s bytes=%d seconds=%.3f",
                 self.transfer_id,
+                self.request_id,
                 self.bytes,
                 seconds,
             )
         else:
             log.warning(
-                "pdbridge_kv_load_failed transfer_id=%s cause=%s seconds=%.3f %s",
+                "pdbridge_kv_load_failed transfer_id=%s request_id=%s cause=%s seconds=%.3f %s",
                 self.transfer_id,
+                self.request_id,
                 error,
                 seconds,
                 self.detail,

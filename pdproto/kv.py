@@ -29,6 +29,10 @@ TRANSFER_ID = "transfer_id"
 KV_DESTINATION = "kv_destination"
 #: Push mode, decode leg: seconds the decode engine waits for the KV before its KV error.
 DEADLINE_S = "deadline_s"
+#: Both legs (push mode): the gateway's request id (``x-request-id``), so that an engine whose
+#: server does not pass the header on (vLLM's connector sees only its own request ids) still
+#: names the request in its KV header and its log lines.
+REQUEST_ID = "request_id"
 #: Decode leg: ``none`` (answer the KV error) or ``local`` (prefill locally instead).
 FALLBACK = "fallback"
 #: The values of :data:`FALLBACK`.
@@ -77,11 +81,12 @@ KV_PEER_REFUSED = "kv_peer_refused"
 
 
 def push_kv_params(
-    transfer_id: str, kv_destination: str, deadline_s: float
+    transfer_id: str, kv_destination: str, deadline_s: float, request_id: str = ""
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Push mode's ``kv_transfer_params`` for (the prefill leg, the decode leg): one
     ``transfer_id``; the prefill engine sends to ``kv_destination``, and the decode engine
-    waits ``deadline_s`` for the KV before answering its distinct KV error."""
+    waits ``deadline_s`` for the KV before answering its distinct KV error. ``request_id``
+    (when given) rides on both legs as :data:`REQUEST_ID`."""
     prefill = {
         DO_REMOTE_DECODE: True,
         DO_REMOTE_PREFILL: False,
@@ -94,6 +99,8 @@ def push_kv_params(
         TRANSFER_ID: transfer_id,
         DEADLINE_S: deadline_s,
     }
+    if request_id:
+        prefill[REQUEST_ID] = decode[REQUEST_ID] = request_id
     return prefill, decode
 
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from agents.engines.reference import kvstate
+from agents.engines.reference import kvstate, reqlog
 from agents.engines.reference.auth import api_key_middleware
 from agents.engines.reference.metrics import EngineMetrics
 from agents.engines.reference.protocol import (
@@ -52,8 +52,8 @@ from agents.engines.reference.transport import (
     open_spool_sender,
 )
 from agents.engines.reference.zoo import LoadedModel
-from pdproto.http import PATH_HEADER
-from pdproto.kv import KV_ERROR_TYPE, KV_PEER_REFUSED
+from pdproto.http import PATH_HEADER, REQUEST_ID_HEADER, clip_request_id
+from pdproto.kv import KV_ERROR_TYPE, KV_PEER_REFUSED, REQUEST_ID
 
 log = logging.getLogger("pdbridge.engines.server")
 T = TypeVar("T")
@@ -229,8 +229,14 @@ class ReferenceEngine:
 
     async def _handle(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         t_arrival = time.monotonic()
+        header_rid = request.headers.get(REQUEST_ID_HEADER)
         try:
             req = parse_request(await request.read(), chat=chat)
+            # vLLM's convention: the caller's X-Request-Id is the request's id (then the
+            # gateway's kv_transfer_params.request_id, then the body's, else a fresh one).
+            rid = header_rid or (req.kv.extra.get(REQUEST_ID) if req.kv is not None else None)
+            if rid:
+                req.request_id = clip_request_id(str(rid))
             lm, ids = self._validate(req)
         except BadRequest as exc:
             return web.json_response(
@@ -238,6 +244,7 @@ class ReferenceEngine:
                     exc.message, type_="invalid_request_error", param=exc.param, code=exc.code
                 ),
                 status=400,
+                headers={REQUEST_ID_HEADER: clip_request_id(header_rid)} if header_rid else None,
             )
         if req.kv is not None and req.kv.do_remote_decode:
             req.max_tokens = 1  # the prefill leg returns only the first token
@@ -256,8 +263,11 @@ class ReferenceEngine:
                 await self._start(request, sess)
             except TransferError as exc:
                 log.warning(
-                    "kv_transfer_failed",
-                    extra={"reason": exc.reason, "detail": str(exc), "request_id": req.request_id},
+                    "kv_transfer_failed request_id=%s transfer_id=%s reason=%s detail=%s",
+                    req.request_id,
+                    req.kv.transfer_id if req.kv is not None else "",
+                    exc.reason,
+                    exc,
                 )
                 return web.json_response(
                     error_body(
@@ -267,7 +277,7 @@ class ReferenceEngine:
                         code=exc.reason,
                     ),
                     status=503,
-                    headers={PATH_HEADER: "remote"},
+                    headers={PATH_HEADER: "remote", REQUEST_ID_HEADER: req.request_id},
                 )
             self.metrics.by_path.labels(path=sess.path, **labels).inc()
             if req.stream:
@@ -276,13 +286,12 @@ class ReferenceEngine:
         except _ClientGone:
             self.metrics.cancelled.labels(**labels).inc()
             log.info(
-                "request_cancelled",
-                extra={"request_id": req.request_id, "tokens": len(sess.token_ids)},
+                "request_cancelled request_id=%s tokens=%d", req.request_id, len(sess.token_ids)
             )
             return web.Response(status=499)
         except Exception:
             # A bug, not bad input: log it with its traceback, answer in the API's error shape.
-            log.exception("request_failed", extra={"request_id": req.request_id})
+            log.exception("request_failed request_id=%s", req.request_id)
             return web.json_response(
                 error_body(
                     "internal error; see the engine log",
@@ -352,6 +361,7 @@ class ReferenceEngine:
                 raise
             self.metrics.kv_transfers.labels(direction="send", outcome="ok", **labels).inc()
             self.metrics.kv_bytes.labels(direction="send", **labels).inc(summary.bytes)
+            reqlog.kv_sent(sess, summary)
             sess.path = "prefill"
             sess.kv_summary = {
                 "transfer_id": summary.transfer_id,
@@ -378,6 +388,13 @@ class ReferenceEngine:
                 self.metrics.kv_transfers.labels(
                     direction="receive", outcome=exc.reason, **labels
                 ).inc()
+                log.warning(
+                    "kv_import_failed request_id=%s transfer_id=%s reason=%s fallback=%s",
+                    sess.req.request_id,
+                    kv.transfer_id,
+                    exc.reason,
+                    kv.fallback,
+                )
                 if kv.fallback != "local":
                     raise
                 sess.path, sess.fallback_reason = "fallback", exc.reason
@@ -407,8 +424,9 @@ class ReferenceEngine:
             )
         except ImportRefused as exc:
             log.warning(
-                "kv_import_refused transfer_id=%s model=%s detail=%s",
+                "kv_import_refused transfer_id=%s request_id=%s model=%s detail=%s",
                 kv.transfer_id,
+                sess.req.request_id,
                 sess.req.model,
                 exc,
             )
@@ -428,6 +446,7 @@ class ReferenceEngine:
             sum(len(v) for v in received.segments.values())
         )
         sess.timings["kv_wait_s"] = received.wait_seconds
+        reqlog.kv_imported(sess, kv.transfer_id, received)
 
     async def _tokens(self, request: web.Request, sess: _Session, tracker: TextTracker) -> Any:
         """Async generator of (token, digest, text delta); stops at max_tokens, EOS or a stop string."""
@@ -486,6 +505,7 @@ class ReferenceEngine:
         decode_s = time.monotonic() - sess.t_arrival - sess.timings.get("ttft_s", 0.0)
         self.metrics.decode_time.labels(**labels).observe(max(decode_s, 0.0))
         self.metrics.success.labels(finished_reason=reason, **labels).inc()
+        reqlog.request_done(sess)
 
     async def _collect(self, request: web.Request, sess: _Session) -> web.Response:
         tracker = TextTracker(sess.lm.tokenizer, sess.req.stop)
@@ -506,7 +526,9 @@ class ReferenceEngine:
             kv=sess.kv_summary,
             logprobs=sess.logprobs,
         )
-        return web.json_response(body, headers={PATH_HEADER: sess.path})
+        return web.json_response(
+            body, headers={PATH_HEADER: sess.path, REQUEST_ID_HEADER: sess.req.request_id}
+        )
 
     async def _stream(self, request: web.Request, sess: _Session) -> web.StreamResponse:
         resp = web.StreamResponse(
@@ -514,6 +536,7 @@ class ReferenceEngine:
                 "Content-Type": "text/event-stream",
                 "Cache-Control": "no-cache",
                 PATH_HEADER: sess.path,
+                REQUEST_ID_HEADER: sess.req.request_id,
             }
         )
         req = sess.req
