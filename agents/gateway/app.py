@@ -47,7 +47,9 @@ from agents.gateway.prefix import PrefixIndex
 from agents.gateway.proxy import AiohttpClient, Client, relay
 from agents.gateway.remote import ROUTES, Call, RemotePath, route_headers
 from agents.gateway.state import Router
+from agents.gateway.trace import Trace, TraceRing, new_trace
 from agents.gateway.upstream import LegError, Upstream, first_chunk
+from pdproto.trace import TRACE_PATH
 
 log = logging.getLogger("pdbridge.gateway")
 
@@ -64,8 +66,12 @@ class Gateway(Endpoints, RemotePath):
         upstream_ssl: ssl.SSLContext | None = None,
         keys: ClientKeys | None = None,
         engine_api_key: str | None = None,
+        debug_token: str | None = None,
     ) -> None:
         self.settings = settings
+        #: Bearer token of ``/debug/traces`` (None: the endpoint refuses every caller).
+        self.debug_token = debug_token
+        self.traces = TraceRing(settings.trace_ring_size)
         self.router = router or Router(settings)
         self.metrics = GatewayMetrics()
         self.router.on_eject = self.metrics.ejected
@@ -158,10 +164,22 @@ class Gateway(Endpoints, RemotePath):
         refusal = await self.admission.acquire()
         if refusal is not None:
             return self._overloaded(refusal, base_headers)
+        trace = new_trace(request_id, kind, arrived) if self.traces.size > 0 else None
+        response: web.StreamResponse | None = None
         try:
-            return await self._admitted(kind, headers, read, client, arrived, request_id, config)
+            if trace is not None:
+                trace.mark("admitted")
+            response = await self._admitted(
+                kind, headers, read, client, arrived, request_id, config, trace
+            )
+            return response
         finally:
             self.admission.release()
+            if trace is not None:
+                # A relayed answer went out with its engine's 200 (errors are returned).
+                trace.status = response.status if response is not None else 200
+                trace.outcome = trace.outcome or "canceled"
+                self.traces.add(trace)
 
     def _overloaded(self, reason: str, headers: dict[str, str]) -> web.Response:
         """The 429 of admission control, counted and logged."""
@@ -182,6 +200,7 @@ class Gateway(Endpoints, RemotePath):
         arrived: float,
         request_id: str,
         config: DeploymentConfig,
+        trace: Trace | None = None,
     ) -> web.StreamResponse | None:
         """:meth:`complete` past admission: parse, route, serve."""
         base_headers = {"x-request-id": request_id}
@@ -190,6 +209,8 @@ class Gateway(Endpoints, RemotePath):
             body, parsed = parse_body(raw, kind, config.model_name)
         except RequestError as error:
             self.metrics.request("local", "client_error")
+            if trace is not None:
+                trace.path, trace.outcome = "local", "client_error"
             return json_response(error.status, error.body(), base_headers)
         key = headers.get(self.settings.sticky_key_header) or parsed.user or request_id
         prompt_tokens, exact = await self._prompt_tokens(parsed, config, request_id)
@@ -197,14 +218,18 @@ class Gateway(Endpoints, RemotePath):
         too_long = exact and context_error(
             kind, prompt_tokens, parsed.max_tokens, config.max_model_len
         )
+        if trace is not None:
+            trace.stream, trace.prompt_tokens = parsed.stream, prompt_tokens
         if too_long:
             self.metrics.request("local", "client_error")
+            if trace is not None:
+                trace.path, trace.outcome = "local", "client_error"
             return json_response(400, too_long.body(), base_headers)
         decision = self.router.decide(
             config, key, prompt_tokens, self._cached_tokens(parsed, config)
         )
         self.metrics.decision(decision.path, decision.reason)
-        call = Call(client, kind, arrived, request_id, raw, body, parsed, config, decision)
+        call = Call(client, kind, arrived, request_id, raw, body, parsed, config, decision, trace)
         if decision.path == "remote":
             return await self._remote(call)
         if decision.wants_remote:
@@ -282,6 +307,9 @@ class Gateway(Endpoints, RemotePath):
             else:
                 tried, retries = set(exclude), self.settings.decode_retries
                 while True:
+                    if call.trace is not None:
+                        call.trace.decode_instance = decode.name
+                        call.trace.mark("decode_sent")
                     try:
                         # The local path forwards the client's bytes unchanged.
                         upstream = await self.upstream.open(
@@ -291,6 +319,8 @@ class Gateway(Endpoints, RemotePath):
                             self.settings.request_timeout_s,
                         )
                         first = await first_chunk(upstream)
+                        if call.trace is not None:
+                            call.trace.mark("decode_first_byte")
                         self.router.leg_ok("decode", pool, decode.url)
                         break
                     except LegError as error:
@@ -322,6 +352,8 @@ class Gateway(Endpoints, RemotePath):
             result = await relay(call.client, upstream, first, route_headers(call, path))
             outcome = "ok" if result.ok else "upstream_error"
             ttft = result.first_at - call.arrived
+            if call.trace is not None:
+                call.trace.mark("first_byte", result.first_at)
             if call.parsed.stream and path != "fallback" and call.failover is None:
                 # A streamed answer's first byte is its first token (a body's is its last).
                 self.router.ttft_sample(config, path, call.decision.incremental_tokens, ttft)
@@ -346,6 +378,9 @@ class Gateway(Endpoints, RemotePath):
                 self.metrics.finish(path, outcome, ttft, time.monotonic() - call.arrived, tpot)
             else:
                 self.metrics.abandon(path)
+            if call.trace is not None and outcome:
+                call.trace.path, call.trace.outcome = path, outcome
+                call.trace.mark("done")
             log.debug(
                 "gateway.request_done", extra={"path": path, "outcome": outcome or "fallback"}
             )
@@ -355,6 +390,9 @@ class Gateway(Endpoints, RemotePath):
     ) -> web.StreamResponse | None:
         """Serve by local prefill within the budget (503 with retry-after beyond it)."""
         headers = route_headers(call, "fallback")
+        if call.trace is not None:
+            call.trace.path, call.trace.fallback_cause = "fallback", cause
+            call.trace.outcome = "rejected"  # until served
         if not call.config.fallback_to_local_prefill:
             self.metrics.request("fallback", "rejected")
             doc = error_body(
@@ -381,6 +419,8 @@ class Gateway(Endpoints, RemotePath):
             return json_response(503, doc, {**headers, "retry-after": str(retry_after)})
         self.metrics.fallback(cause)
         log.info("gateway.fallback", extra={"cause": cause, "site": call.decision.site})
+        if call.trace is not None:
+            call.trace.outcome = ""
         return await self._serve(call, "fallback", exclude)
 
 
@@ -410,6 +450,8 @@ def build_app(gateway: Gateway) -> web.Application:
     app.router.add_get("/health", gateway.health)
     app.router.add_get("/metrics", gateway.prometheus)
     app.router.add_get("/debug/routing", gateway.debug_routing)
+    app.router.add_get(TRACE_PATH, gateway.debug_traces)
+    app.router.add_get(TRACE_PATH + "/{request_id}", gateway.debug_trace)
 
     async def close_upstream(app: web.Application) -> None:
         await gateway.upstream.close()

@@ -16,7 +16,7 @@ import dataclasses
 import os
 import ssl
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from agents.gateway import logs
@@ -122,17 +122,25 @@ async def _run(
     from agents.gateway.config import GatewaySettings
     from agents.gateway.poller import ConfigPoller
     from agents.gateway.server import serve_forever
+    from agents.gateway.traceship import TraceShipper
 
     assert isinstance(settings, GatewaySettings)  # noqa: S101 - narrowing for mypy
     try:
         # Secrets from the environment or files it names, never from the settings file.
         keys = ClientKeys.from_environ(os.environ, require=settings.require_client_keys)
         engine_key = engine_api_key(os.environ)
+        debug_token = debug_token_from(os.environ)
     except ConfigError as error:
         print(f"pdbridge gateway: {error}", file=sys.stderr)
         return 2
-    gateway = Gateway(settings, upstream_ssl=ssl_client, keys=keys, engine_api_key=engine_key)
-    poller = access = None
+    gateway = Gateway(
+        settings,
+        upstream_ssl=ssl_client,
+        keys=keys,
+        engine_api_key=engine_key,
+        debug_token=debug_token,
+    )
+    poller = access = shipper = None
     if args.config is not None:
         try:
             gateway.apply(load_snapshot_file(args.config))
@@ -159,5 +167,37 @@ async def _run(
             keys=keys,
             ssl_context=ssl_client,
         )
-    await serve_forever(gateway, poller=poller, ssl_server=ssl_server, access=access)
+        if settings.trace_ring_size > 0 and settings.trace_ship_queue > 0:
+            gateway.traces.ship_queue = settings.trace_ship_queue
+            gateway.traces.sample_rate = settings.trace_ship_sample_rate
+            shipper = TraceShipper(
+                ring=gateway.traces,
+                console_url=args.console,
+                token=args.token,
+                interval_s=settings.trace_ship_interval_s,
+                ssl_context=ssl_client,
+            )
+    await serve_forever(
+        gateway, poller=poller, ssl_server=ssl_server, access=access, shipper=shipper
+    )
     return 0
+
+
+def debug_token_from(environ: Mapping[str, str]) -> str | None:
+    """The bearer token of ``/debug/traces``: ``PDBRIDGE_GATEWAY_DEBUG_TOKEN`` or the file
+    ``PDBRIDGE_GATEWAY_DEBUG_TOKEN_FILE`` names (not both; None: the endpoint refuses every
+    caller). Raises ConfigError naming the variable."""
+    value = environ.get("PDBRIDGE_GATEWAY_DEBUG_TOKEN")
+    path = environ.get("PDBRIDGE_GATEWAY_DEBUG_TOKEN_FILE")
+    if value and path:
+        raise ConfigError(
+            "PDBRIDGE_GATEWAY_DEBUG_TOKEN, PDBRIDGE_GATEWAY_DEBUG_TOKEN_FILE: set one, not both"
+        )
+    if path:
+        try:
+            value = Path(path).read_text().strip()
+        except OSError as error:
+            raise ConfigError(f"PDBRIDGE_GATEWAY_DEBUG_TOKEN_FILE: {error}") from error
+        if not value:
+            raise ConfigError("PDBRIDGE_GATEWAY_DEBUG_TOKEN_FILE: the file is empty")
+    return value.strip() if value else None

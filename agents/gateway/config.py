@@ -389,6 +389,16 @@ class GatewaySettings:
     #: console's per-deployment ``require_client_keys`` turns it on too. Off: keys are
     #: optional (docs/gateway.md, "Client keys").
     require_client_keys: bool = False
+    #: Request traces (docs/gateway.md, "Request traces"): the last ``trace_ring_size``
+    #: requests' path and timeline kept in memory for ``/debug/traces`` (0: none kept, none
+    #: shipped); with a console, every ``trace_ship_interval_s`` the traces queued since are
+    #: POSTed to it: a ``trace_ship_sample_rate`` share of requests served normally, and every
+    #: fallback, failover and error -- at most ``trace_ship_queue`` waiting (more are dropped
+    #: and counted).
+    trace_ring_size: int = 2048
+    trace_ship_sample_rate: float = 0.01
+    trace_ship_interval_s: float = 5.0
+    trace_ship_queue: int = 1000
 
     def breaker(self, error_rate_limit: float, latency_p99_limit_ms: float) -> BreakerSettings:
         """Breaker settings combining the snapshot's limits with these knobs."""
@@ -446,6 +456,10 @@ def settings_from_mapping(data: Mapping[str, Any]) -> GatewaySettings:
             values[key] = int(number) if isinstance(default, int) else number
         else:
             values[key] = _str(value, f"settings.{key}")
+    if not 0 <= values.get("trace_ship_sample_rate", 0.0) <= 1:
+        raise ConfigError("settings.trace_ship_sample_rate: must be within [0, 1]")
+    if values.get("trace_ship_interval_s", 5.0) <= 0:
+        raise ConfigError("settings.trace_ship_interval_s: must be > 0")
     for key in ("prefill_site_timeout_fraction", "latency_ewma_alpha"):
         if key in values and not 0 < values[key] <= 1:
             raise ConfigError(f"settings.{key}: must be within (0, 1], got {values[key]!r}")

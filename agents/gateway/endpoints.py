@@ -1,10 +1,13 @@
-"""The gateway's plain endpoints: ``/health``, ``/v1/models``, ``/metrics`` and
-``/debug/routing``, and the gauges computed on scrape. A mixin of
+"""The gateway's plain endpoints: ``/health``, ``/v1/models``, ``/metrics``,
+``/debug/routing`` and ``/debug/traces`` (a bearer token: request ids and client key names
+are not for every caller), and the gauges computed on scrape. A mixin of
 :class:`agents.gateway.app.Gateway` (which registers them in :func:`~agents.gateway.app.build_app`);
 none of them reaches an engine.
 """
 
 from __future__ import annotations
+
+import hmac
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -15,6 +18,10 @@ from agents.gateway.budget import FallbackBudget
 from agents.gateway.decision import site_score
 from agents.gateway.metrics import GatewayMetrics
 from agents.gateway.state import Router
+from agents.gateway.trace import TraceRing
+
+#: Most traces one ``GET /debug/traces`` answers (``?limit=``, default 50).
+MAX_TRACES_LISTED = 500
 
 
 class Endpoints:
@@ -25,6 +32,8 @@ class Endpoints:
     keys: ClientKeys
     budget: FallbackBudget
     admission: Admission
+    traces: TraceRing
+    debug_token: str | None
 
     async def health(self, request: web.Request) -> web.Response:
         """``ok``; ``degraded`` (200) when an instance is out or a prefill pool has none
@@ -72,6 +81,55 @@ class Endpoints:
             "waiting": self.budget.waiting,
         }
         return web.json_response(doc)
+
+    def _trace_refusal(self, request: web.Request) -> web.Response | None:
+        """403 without a configured token, 401 without the right one; None: let it through."""
+        if not self.debug_token:
+            return web.json_response(
+                {"detail": "request traces need PDBRIDGE_GATEWAY_DEBUG_TOKEN set on the gateway"},
+                status=403,
+            )
+        sent = request.headers.get("Authorization", "")
+        expected = f"Bearer {self.debug_token}"
+        if not hmac.compare_digest(sent.encode(), expected.encode()):
+            return web.json_response(
+                {"detail": "a valid debug token is required (Authorization: Bearer ...)"},
+                status=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return None
+
+    async def debug_traces(self, request: web.Request) -> web.Response:
+        """``GET /debug/traces?limit=N&path=P``: the newest traces first."""
+        refused = self._trace_refusal(request)
+        if refused is not None:
+            return refused
+        try:
+            limit = int(request.query.get("limit", "50"))
+        except ValueError:
+            return web.json_response({"detail": "limit: must be an integer"}, status=400)
+        if not 1 <= limit <= MAX_TRACES_LISTED:
+            return web.json_response(
+                {"detail": f"limit: must be within 1..{MAX_TRACES_LISTED}"}, status=400
+            )
+        path = request.query.get("path") or None
+        traces = [t.to_json() for t in self.traces.recent(limit, path)]
+        return web.json_response(
+            {"size": self.traces.size, "held": self.traces.held, "traces": traces}
+        )
+
+    async def debug_trace(self, request: web.Request) -> web.Response:
+        """``GET /debug/traces/{request_id}``: one request's trace (404 once it left the ring)."""
+        refused = self._trace_refusal(request)
+        if refused is not None:
+            return refused
+        trace = self.traces.get(request.match_info["request_id"])
+        if trace is None:
+            return web.json_response(
+                {"detail": "no trace of that request id (never seen, or left the ring)"},
+                status=404,
+            )
+        return web.json_response(trace.to_json())
 
     def refresh_gauges(self) -> None:
         """Breaker and site gauges (computed on scrape, not per request)."""

@@ -32,10 +32,18 @@ from agents.gateway.outcomes import (
 )
 from agents.gateway.proxy import Client, leg_body
 from agents.gateway.state import Router
+from agents.gateway.trace import Trace
 from agents.gateway.upstream import LegError, LegResponse, Upstream, first_chunk
 from pdproto.causes import FAILOVER_CAUSES
 from pdproto.http import FAILOVER_CAUSE_HEADER, FAILOVER_FROM_HEADER, SITE_HEADER
-from pdproto.kv import KV_PEER_REFUSED, PULL_PREFILL_KV, pulled_kv_params, push_kv_params
+from pdproto.kv import (
+    KV_PEER_REFUSED,
+    KV_TRANSFER_PARAMS,
+    PULL_PREFILL_KV,
+    TRANSFER_ID,
+    pulled_kv_params,
+    push_kv_params,
+)
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -49,7 +57,8 @@ ROUTES = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 class Call:
     """One request as the serving methods need it. ``prefill_timeout_s``: the wait of the
     current attempt's prefill leg; ``failover``: (site, cause) of the first site that failed
-    it, once the request was sent on to another."""
+    it, once the request was sent on to another; ``trace``: the request's record (None when
+    traces are off)."""
 
     client: Client
     kind: Kind
@@ -60,6 +69,7 @@ class Call:
     parsed: ParsedRequest
     config: DeploymentConfig
     decision: Decision
+    trace: Trace | None = None
     prefill_timeout_s: float = 0.0
     failover: tuple[str, str] | None = None
 
@@ -130,6 +140,8 @@ class RemotePath:
             target = None
             if left > 0 and cause in FAILOVER_CAUSES:
                 target = self.router.next_site(config, tried)
+            if call.trace is not None and "prefill_sent" in call.trace.marks:
+                call.trace.attempt_failed(cause)
             if target is None:
                 return await self._fallback(call, cause, exclude)
             left -= 1
@@ -143,6 +155,8 @@ class RemotePath:
                 decision=dataclasses.replace(call.decision, site=target),
                 failover=call.failover or (site, cause),
             )
+            if call.trace is not None:
+                call.trace.failover = call.failover
 
     async def _remote_legs(self, call: Call, decode: Instance) -> tuple[LegResponse, bytes]:
         """Send the prefill and decode legs concurrently to ``call.decision.site``; return the
@@ -163,20 +177,27 @@ class RemotePath:
             raise Fallback("breaker_open")
         pull = config.kv_mode == "pull"
         decode_url = f"{decode.url}{ROUTES[kind]}"
+        trace = call.trace
+        transfer_id = ""
         if pull:
             # vLLM's convention: the prefill engine answers with where its KV waits, and the
             # decode leg (sent after that answer) carries it to the decode engine unchanged.
             prefill_kv: dict[str, Any] = dict(PULL_PREFILL_KV)
         else:
             # The decode engine's KV error after kv_timeout_ms makes the gateway fall back.
+            transfer_id = uuid.uuid4().hex
             prefill_kv, decode_kv = push_kv_params(
-                uuid.uuid4().hex, decode.kv_address, config.kv_timeout_ms / 1000
+                transfer_id, decode.kv_address, config.kv_timeout_ms / 1000, call.request_id
             )
         # Counted against the link now (requests routed meanwhile see it); given back unless
         # the prefill leg went through (a refused or failed leg sent no KV).
         link_entry = self.router.note_remote_tokens(site, decision.incremental_tokens)
         self.router.begin(prefill.url, site)
         started = time.monotonic()
+        if trace is not None:
+            trace.site, trace.prefill_instance = site, prefill.name
+            trace.decode_instance, trace.transfer_id = decode.name, transfer_id or None
+            trace.mark("prefill_sent", started)
         prefill_task = asyncio.create_task(
             self.upstream.call(
                 f"{prefill.url}{ROUTES[kind]}", leg_body(body, prefill_kv, prefill=True),
@@ -186,7 +207,9 @@ class RemotePath:
         decode_task: asyncio.Task[tuple[LegResponse, bytes]] | None = None
         if not pull:
             decode_task = asyncio.create_task(
-                self._open_decode(decode_url, leg_body(body, decode_kv, prefill=False), request_id)
+                self._open_decode(
+                    decode_url, leg_body(body, decode_kv, prefill=False), request_id, trace
+                )
             )
         prefill_s: float | None = None
         verdict: bool | None = None
@@ -199,6 +222,8 @@ class RemotePath:
             )
             if prefill_task in done:
                 prefill_s = time.monotonic() - started
+                if trace is not None:
+                    trace.mark("prefill_done", started + prefill_s)
                 prefill_error = prefill_task.exception()
                 if isinstance(prefill_error, LegError) and rejects_request(prefill_error):
                     # The engine refused the request itself (too long, bad parameter): the
@@ -216,14 +241,20 @@ class RemotePath:
                         extra={
                             "site": site,
                             "url": prefill.url,
+                            "transfer_id": transfer_id,
                             "cause": cause,
                             "error": str(prefill_error)[:500],
                         },
                     )
                     raise Fallback(cause)
                 self.router.leg_ok("prefill", site, prefill.url)
+                if trace is not None and not pull:
+                    trace.prefill_answer(_kv_params(prefill_task.result()))
             if decode_task is None:
                 pulled = pulled_kv_params(json_or_none(prefill_task.result()))
+                if trace is not None and pulled is not None:
+                    trace.prefill_answer(pulled)
+                    trace.transfer_id = str(pulled.get(TRANSFER_ID) or "") or None
                 if pulled is None:
                     verdict = False
                     log.warning(
@@ -232,7 +263,9 @@ class RemotePath:
                     )
                     raise Fallback("prefill_error")
                 decode_task = asyncio.create_task(
-                    self._open_decode(decode_url, leg_body(body, pulled, prefill=False), request_id)
+                    self._open_decode(
+                        decode_url, leg_body(body, pulled, prefill=False), request_id, trace
+                    )
                 )
             if not decode_task.done():
                 # For streams the first event follows the KV, so the KV timeout bounds the
@@ -245,7 +278,10 @@ class RemotePath:
                 done, _ = await asyncio.wait({decode_task}, timeout=wait_s)
                 if not done:
                     verdict = False
-                    log.warning("gateway.kv_timeout", extra={"site": site, "wait_s": wait_s})
+                    log.warning(
+                        "gateway.kv_timeout",
+                        extra={"site": site, "wait_s": wait_s, "transfer_id": transfer_id},
+                    )
                     raise Fallback("kv_timeout")
             decode_error = decode_task.exception()
             if isinstance(decode_error, LegError) and rejects_request(decode_error):
@@ -256,7 +292,11 @@ class RemotePath:
                 verdict = False if kv_failure else (True if prefill_s is not None else None)
                 log.warning(
                     "gateway.decode_leg_failed",
-                    extra={"url": decode.url, "error": str(decode_error)[:500]},
+                    extra={
+                        "url": decode.url,
+                        "transfer_id": transfer_id,
+                        "error": str(decode_error)[:500],
+                    },
                 )
                 exclude: frozenset[str] = frozenset()
                 if instance_fault(decode_error):
@@ -269,9 +309,23 @@ class RemotePath:
             self.router.leg_ok("decode", config.decode.name, decode.url)
             verdict = True
             success = True
+            # The success line that joins this request to its transfer on both engines' and
+            # the KV link's logs (the request id is added by the log formatter).
+            log.info(
+                "gateway.remote_served",
+                extra={
+                    "site": site,
+                    "prefill": prefill.name,
+                    "decode": decode.name,
+                    "transfer_id": transfer_id,
+                    "prefill_s": None if prefill_s is None else round(prefill_s, 4),
+                },
+            )
             return decode_task.result()
         finally:
             self.router.end(prefill.url, site)
+            if trace is not None and not success:
+                trace.mark("attempt_end")
             if not success and decode_task is not None:
                 decode_task.cancel()
                 if (
@@ -290,7 +344,13 @@ class RemotePath:
             if not kv_sent:
                 self.router.release_remote_tokens(site, link_entry)
             if not prefill_task.done():
-                prefill_task.cancel()
+                if success and trace is not None and not pull:
+                    # The KV reached decode before the prefill engine's answer reached us: let
+                    # that answer (milliseconds away) land for the trace's transfer figures,
+                    # within first_byte_grace_s, instead of aborting the finished leg.
+                    _late_prefill(prefill_task, trace, started, self.settings.first_byte_grace_s)
+                else:
+                    prefill_task.cancel()
             latency = prefill_s if prefill_s is not None else time.monotonic() - started
             self.router.record_prefill(
                 site, prefill, verdict, latency, "remote_leg", instance_fault=at_instance
@@ -307,7 +367,34 @@ class RemotePath:
                 self.router.record_latency(site, sample)
 
     async def _open_decode(
-        self, url: str, body: bytes, request_id: str
+        self, url: str, body: bytes, request_id: str, trace: Trace | None = None
     ) -> tuple[LegResponse, bytes]:
+        if trace is not None:
+            trace.mark("decode_sent")
         response = await self.upstream.open(url, body, request_id, self.settings.request_timeout_s)
-        return response, await first_chunk(response)
+        first = await first_chunk(response)
+        if trace is not None:
+            trace.mark("decode_first_byte")
+        return response, first
+
+
+def _late_prefill(task: asyncio.Task[bytes], trace: Trace, started: float, grace_s: float) -> None:
+    """Record a successful remote request's prefill answer when it lands after the decode
+    leg's first byte (push mode: both legs end within milliseconds); cancelled after
+    ``grace_s`` if it has not."""
+    timer = asyncio.get_running_loop().call_later(grace_s, task.cancel)
+
+    def done(task: asyncio.Task[bytes]) -> None:
+        timer.cancel()
+        if task.cancelled() or task.exception() is not None:
+            return
+        trace.mark("prefill_done")
+        trace.prefill_answer(_kv_params(task.result()))
+
+    task.add_done_callback(done)
+
+
+def _kv_params(answer: bytes) -> Any:
+    """A prefill answer's ``kv_transfer_params`` (None when the body is not that JSON)."""
+    doc = json_or_none(answer)
+    return doc.get(KV_TRANSFER_PARAMS) if isinstance(doc, dict) else None

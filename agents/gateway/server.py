@@ -26,6 +26,7 @@ from agents.gateway.access import AccessPoller
 from agents.gateway.app import Gateway, build_app
 from agents.gateway.fastpath import FastServer
 from agents.gateway.poller import ConfigPoller
+from agents.gateway.traceship import TraceShipper
 
 log = logging.getLogger("pdbridge.gateway")
 
@@ -144,6 +145,7 @@ async def start(
     poller: ConfigPoller | None = None,
     ssl_server: ssl.SSLContext | None = None,
     access: AccessPoller | None = None,
+    shipper: TraceShipper | None = None,
 ) -> RunningGateway:
     """Load the first config (poller: console, else last good on disk) and the client keys
     (``access``: the same), listen, start loops. A gateway without any config still starts:
@@ -187,6 +189,8 @@ async def start(
         running.tasks.append(asyncio.create_task(poller.run(session)))
     if access is not None:
         running.tasks.append(asyncio.create_task(access.run(session)))
+    if shipper is not None:
+        running.tasks.append(asyncio.create_task(shipper.run(session)))
     if gateway.keys.keys_file is not None:
 
         async def reload_keys() -> None:
@@ -234,9 +238,12 @@ async def serve_forever(
     poller: ConfigPoller | None,
     ssl_server: ssl.SSLContext | None,
     access: AccessPoller | None = None,
+    shipper: TraceShipper | None = None,
 ) -> None:
     """Run until SIGINT/SIGTERM, then stop gracefully."""
-    running = await start(gateway, poller=poller, ssl_server=ssl_server, access=access)
+    running = await start(
+        gateway, poller=poller, ssl_server=ssl_server, access=access, shipper=shipper
+    )
     # What exists now (modules, config, metric families) lives as long as the process: kept
     # out of the collector, a full collection walks only the in-flight requests' objects, so
     # its pause (which every open stream feels as inter-token delay) stays short.

@@ -85,8 +85,14 @@ def start_double(name: str, kv_dir: Path, logs: Path, port: int = 0, **options: 
     return Proc(proc, f"http://127.0.0.1:{ready['port']}", log)
 
 
-def start_gateway(snapshot: dict[str, Any], settings: dict[str, Any], workdir: Path) -> Proc:
-    """``pdbridge gateway --config`` serving ``snapshot`` with ``settings`` (YAML knobs)."""
+def start_gateway(
+    snapshot: dict[str, Any],
+    settings: dict[str, Any],
+    workdir: Path,
+    env: dict[str, str] | None = None,
+) -> Proc:
+    """``pdbridge gateway --config`` serving ``snapshot`` with ``settings`` (YAML knobs);
+    ``env``: extra environment variables (secrets such as the debug token)."""
     config = workdir / "snapshot.json"
     config.write_text(json.dumps(snapshot))
     settings_file = workdir / "gateway.yaml"
@@ -96,7 +102,7 @@ def start_gateway(snapshot: dict[str, Any], settings: dict[str, Any], workdir: P
         [sys.executable, "-m", "pdbridge.cli", "gateway", "--config", str(config),
          "--settings", str(settings_file), "--insecure", "--port", "0",
          "--state-dir", str(workdir / "state")],
-        stdout=subprocess.PIPE, stderr=log.open("a"), text=True, env=subprocess_env(),
+        stdout=subprocess.PIPE, stderr=log.open("a"), text=True, env=subprocess_env(**(env or {})),
     )  # fmt: skip
     line = _ready_line(proc, log, 60)
     if not line.startswith("pdbridge gateway listening on"):

@@ -78,7 +78,9 @@ def test_long_request_goes_remote_with_both_legs_and_same_output_as_local():
         "do_remote_decode": False,
         "transfer_id": kv["transfer_id"],
         "deadline_s": 4.0,
+        "request_id": "r1",
     }
+    assert kv["request_id"] == "r1"
     assert decode["max_tokens"] == 5
     assert prefill_headers[0]["X-Request-Id"] == "r1"
 
