@@ -27,6 +27,7 @@ urlpatterns = [
     path("", include("console.schedules.urls")),
     path("", include("console.gatewaykeys.urls")),
     path("", include("console.alerts.urls")),
+    path("", include("console.telemetry.urls")),
     path("planner/", include("console.planner.urls")),
     path("admin/", admin.site.urls),
     path("api/", include("console.api_urls")),

@@ -8,3 +8,9 @@ class TelemetryConfig(AppConfig):
     name = "console.telemetry"
     label = "telemetry"
     verbose_name = "Telemetry"
+
+    def ready(self) -> None:
+        from console.core.choices import Role
+        from console.core.nav import NavItem, nav_register
+
+        nav_register(NavItem("Traces", "traces-page", Role.VIEWER, order=17))

@@ -69,3 +69,37 @@ def samples_prune(*, older_than: timedelta, now: datetime | None = None) -> int:
     cutoff = (now or timezone.now()) - older_than
     deleted, _ = MetricSample.objects.filter(at__lt=cutoff).delete()
     return deleted
+
+
+#: Request traces are kept this long (they are for following recent requests, not history).
+TRACE_RETENTION = timedelta(days=7)
+
+
+def trace_record_batch(*, node: Any, traces: Iterable[dict[str, Any]]) -> int:
+    """Store a batch of validated trace documents shipped by the gateway on ``node``. The
+    gateway's wall-clock ``started_at`` is moved onto the console's clock by the node's
+    clock skew (node clock minus console clock, from its heartbeats; none known: as sent).
+    Traces older than :data:`TRACE_RETENTION` are pruned. Returns how many were stored."""
+    from console.telemetry.models import RequestTrace
+
+    skew = node.clock_skew_ms
+    rows = []
+    for doc in traces:
+        started = doc["started_at"]
+        if skew is not None:
+            started -= timedelta(milliseconds=skew)
+        rows.append(
+            RequestTrace(
+                request_id=doc["request_id"],
+                node=node,
+                started_at=started,
+                path=doc.get("path") or "",
+                outcome=doc.get("outcome") or "",
+                total_ms=doc.get("total_ms"),
+                skew_ms=skew,
+                document={**doc, "started_at": doc["started_at"].isoformat()},
+            )
+        )
+    RequestTrace.objects.bulk_create(rows)
+    RequestTrace.objects.filter(received_at__lt=timezone.now() - TRACE_RETENTION).delete()
+    return len(rows)

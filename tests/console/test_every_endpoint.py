@@ -33,7 +33,8 @@ from console.rollouts.services import rollout_plan_create
 from console.runs import services as runs
 from console.schedules.models import RebalanceProposal
 from console.schedules.services import price_table_create, tidal_apply_hour, tidal_schedule_create
-from console.telemetry.services import sample_record
+from console.telemetry.models import RequestTrace
+from console.telemetry.services import sample_record, trace_record_batch
 from tests.console.factories import (
     DENSE_ARCH,
     ModelSpecFactory,
@@ -88,6 +89,8 @@ def w(world: Any, make_user: Any) -> Any:
     world.plan = rollout_plan_create(actor=None, name="plan")
     world.scenario = scenario_create(actor=None, name="case", body=small_case_study())
     world.sample = sample_record(subject=world.link, name="link_rtt_ms", value=1000.0, at=NOW)
+    trace_record_batch(node=world.decode_node, traces=[{**_trace_doc(), "started_at": NOW}])
+    world.trace = RequestTrace.objects.get()
     alerts_evaluate(now=NOW.replace(minute=1), notify=False)
     from console.alerts.models import Alert, AlertRule
 
@@ -132,6 +135,18 @@ class Op:
     body: Callable[[Any], Any] | None = None
     # Sets the world up for the success call (the refused calls before it change nothing).
     before: Callable[[Any], Any] | None = None
+
+
+def _trace_doc() -> dict[str, Any]:
+    return {
+        "version": 1,
+        "request_id": "req-every-endpoint",
+        "started_at": "2026-11-30T05:00:00.000+00:00",
+        "path": "local",
+        "outcome": "ok",
+        "total_ms": 3.5,
+        "legs": [{"leg": "queue", "start_ms": 0.0, "end_ms": 0.1}],
+    }
 
 
 def _gateway_key(w: Any) -> None:
@@ -399,6 +414,13 @@ OPS: dict[tuple[str, str], Op] = {
     ("GET", "/api/telemetry/samples/"): Op("/api/telemetry/samples/", "viewer", 200),
     ("GET", "/api/telemetry/samples/{id}/"): Op(
         "/api/telemetry/samples/{w.sample.pk}/", "viewer", 200
+    ),
+    ("GET", "/api/telemetry/traces/"): Op("/api/telemetry/traces/", "viewer", 200),
+    ("GET", "/api/telemetry/traces/{id}/"): Op(
+        "/api/telemetry/traces/{w.trace.pk}/", "viewer", 200
+    ),
+    ("POST", "/api/telemetry/trace-batches/"): Op(
+        "/api/telemetry/trace-batches/", "node", 201, body=lambda w: {"traces": [_trace_doc()]}
     ),
     # planner
     ("POST", "/api/planner/evaluate/"): Op(

@@ -1,7 +1,7 @@
 from rest_framework.routers import SimpleRouter
 
-from console.telemetry.api import views
+from console.telemetry.api import trace_urls, views
 
 router = SimpleRouter()
 router.register("telemetry/samples", views.MetricSampleViewSet, basename="metricsample")
-urlpatterns = router.urls
+urlpatterns = router.urls + trace_urls.urlpatterns
