@@ -303,12 +303,14 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["console.core.permissions.RolePermission"],
     "DEFAULT_PAGINATION_CLASS": "console.core.api.pagination.StandardPagination",
+    # A bad filter, ordering or page value is a 400 naming it, never ignored (docs/api.md).
     "DEFAULT_FILTER_BACKENDS": [
-        "django_filters.rest_framework.DjangoFilterBackend",
-        "rest_framework.filters.OrderingFilter",
-        "rest_framework.filters.SearchFilter",
+        "console.core.api.filters.StrictFilterBackend",
+        "console.core.api.filters.StrictOrderingFilter",
+        "console.core.api.filters.StrictSearchFilter",
     ],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Every operation documents its 400/401/403/404/409 answers (console/core/api/schema.py).
+    "DEFAULT_SCHEMA_CLASS": "console.core.api.schema.ConsoleAutoSchema",
     "EXCEPTION_HANDLER": "console.core.api.exceptions.exception_handler",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }

@@ -21,7 +21,7 @@ def parse_tokens(raw: str | None) -> list[int]:
     values = []
     for part in raw.split(","):
         part = part.strip()
-        if not part.isdigit():
+        if not (part.isascii() and part.isdigit()):
             raise ValueError(f"Expected comma-separated non-negative integers, got {part!r}.")
         value = int(part)
         if value > MAX_TOKENS:

@@ -45,7 +45,8 @@ def parse_version_tag(raw: object) -> int | None:
     if not isinstance(raw, str):
         return None
     text = raw.strip().removeprefix("W/").strip('"')
-    return int(text) if text.isdigit() else None
+    # isascii: "²".isdigit() is true, but int("²") raises.
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def node_serves(node: Node, deployment: Deployment) -> bool:

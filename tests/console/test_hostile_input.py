@@ -79,16 +79,25 @@ def test_hostile_input_is_a_4xx(api_as, world, method, path, body, headers):
     assert 400 <= response.status_code < 500, response.content
 
 
-def test_unknown_etag_or_ordering_is_simply_ignored(api_as, world):
+def test_an_unknown_etag_is_simply_ignored(api_as, world):
     api = api_as("viewer")
 
     polled = api.get(
         f"/api/deployments/{world.deployment.pk}/config/", HTTP_IF_NONE_MATCH='"' + HUGE + '"'
     )
-    ordered = api.get("/api/deployments/?ordering=nonexistent")
 
     assert polled.status_code == 200
-    assert ordered.status_code == 200
+
+
+def test_an_unknown_ordering_is_a_400_naming_it(api_as, world):
+    api = api_as("viewer")
+
+    ordered = api.get("/api/deployments/?ordering=nonexistent")
+
+    assert ordered.status_code == 400
+    assert ordered.json() == {
+        "ordering": ["Cannot order by 'nonexistent'; one of: id, name, updated_at."]
+    }
 
 
 @pytest.mark.parametrize(

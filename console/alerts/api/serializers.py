@@ -1,6 +1,7 @@
 from rest_framework import serializers
 
 from console.alerts.models import Alert, AlertRule, NotificationChannel
+from console.core.api.fields import username_field
 
 
 class AlertRuleSerializer(serializers.ModelSerializer):
@@ -50,7 +51,9 @@ class AlertSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = fields
 
-    acknowledged_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    acknowledged_by = username_field(
+        "acknowledged_by", "Username of who acknowledged it; null until someone does."
+    )
 
 
 class AcknowledgeSerializer(serializers.Serializer):

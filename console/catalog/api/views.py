@@ -47,7 +47,11 @@ class ModelSpecViewSet(ServiceModelViewSet):
         raw = request.query_params.get("baseline")
         if raw is None:
             return tokens, None
-        baseline = ModelSpec.objects.filter(pk=int(raw)).first() if raw.isdigit() else None
+        baseline = (
+            ModelSpec.objects.filter(pk=int(raw)).first()
+            if raw.isascii() and raw.isdigit()
+            else None
+        )
         if baseline is None:
             raise ValidationError({"baseline": [f"No model with id {raw!r}."]})
         return tokens, baseline

@@ -3,20 +3,23 @@ no 500 for anything a client can send.
 
 Database-level failures a client can provoke (a unique name taken twice, deleting an object
 still in use) become 409 rather than 500; Django model validation errors become 400 naming
-the field.
+the field. Every error body is an object: ``console.core.api.schema`` describes the shapes
+(``Error``, ``ValidationError``, ``Conflict``) for the OpenAPI schema.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError
 from django.db.models import ProtectedError, RestrictedError
 from rest_framework import status
-from rest_framework.exceptions import APIException
+from rest_framework.exceptions import APIException, ValidationError
 from rest_framework.response import Response
 from rest_framework.serializers import as_serializer_error
+from rest_framework.settings import api_settings
 from rest_framework.views import exception_handler as drf_exception_handler
 
 
@@ -31,6 +34,14 @@ class Conflict(APIException):
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, DjangoValidationError):
         return Response(as_serializer_error(exc), status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, SuspiciousOperation):
+        # A body Django refuses to parse (too many form fields, too large): DRF would let it
+        # through to Django's HTML 400 page.
+        return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+    if isinstance(exc, ValidationError) and isinstance(exc.detail, list):
+        # ``raise ValidationError("...")`` renders as a bare list; the schema promises an
+        # object, so messages about the input as a whole go where serializers put them.
+        exc = ValidationError({api_settings.NON_FIELD_ERRORS_KEY: exc.detail})
     if isinstance(exc, ProtectedError | RestrictedError):
         blocking = sorted({str(obj) for obj in list(exc.args[1])[:5]})
         return Response(

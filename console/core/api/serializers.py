@@ -14,6 +14,8 @@ User = get_user_model()
 
 
 class UserSerializer(serializers.ModelSerializer):
+    # Blank for most accounts: the model's EmailField would be typed as a required e-mail.
+    email = serializers.EmailField(read_only=True, allow_blank=True)
     role = serializers.SerializerMethodField()
 
     class Meta:

@@ -8,6 +8,7 @@ from rest_framework import status
 from rest_framework.authentication import SessionAuthentication, TokenAuthentication
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.generics import get_object_or_404
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -28,7 +29,7 @@ from console.deployments.api.serializers import (
 from console.deployments.choices import DeploymentState
 from console.deployments.config import render_snapshot
 from console.deployments.filtersets import DeploymentFilterSet, PoolFilterSet, SnapshotFilterSet
-from console.deployments.models import Deployment, Pool
+from console.deployments.models import ConfigSnapshot, Deployment, Pool
 from console.inventory.authentication import NodeTokenAuthentication
 from console.inventory.models import Node
 from console.rollouts.api.serializers import RolloutPlanSerializer
@@ -94,9 +95,10 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
     delete_service = staticmethod(services.deployment_delete)
 
     def get_queryset(self) -> Any:
+        if self.action == "snapshots":  # the action's queryset: ConfigSnapshot
+            return self.queryset.filter(deployment_id=self.kwargs.get("pk"))
         if self.action in {
             "config",
-            "snapshots",
             "kill_switch",
             "restore",
             "retire",
@@ -144,7 +146,7 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
         raw = request.query_params.get("version")
         version = None
         if raw is not None:
-            if not raw.isdigit():
+            if not (raw.isascii() and raw.isdigit()):
                 raise ValidationError({"version": ["Expected a positive integer."]})
             version = int(raw)
         if_none_match = request.headers.get("If-None-Match", "")
@@ -159,16 +161,22 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
         return Response(render_snapshot(snapshot), headers={"ETag": tag})
 
     @extend_schema(responses=SnapshotSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(
+        detail=True,
+        methods=["get"],
+        queryset=ConfigSnapshot.objects.all(),
+        filterset_class=SnapshotFilterSet,
+        ordering_fields=["version", "created_at"],
+        ordering=["-version"],
+        search_fields=["author_label", "reason"],
+    )
     def snapshots(self, request: Request, pk: str | None = None) -> Response:
         """Config history, newest first, each with its diff against the one before."""
-        deployment = self.get_object()
-        queryset = SnapshotFilterSet(
-            request.query_params, queryset=deployment.snapshots.order_by("-version")
-        )
-        if not queryset.is_valid():
-            raise ValidationError(queryset.errors)
-        page = self.paginate_queryset(queryset.qs)
+        # The deployment is looked up unfiltered: this action's filters are the snapshots'.
+        deployment = get_object_or_404(Deployment.objects.all(), pk=pk)
+        self.check_object_permissions(request, deployment)
+        snapshots = self.filter_queryset(self.get_queryset())
+        page = self.paginate_queryset(snapshots)
         return self.get_paginated_response(SnapshotSerializer(page, many=True).data)
 
     @extend_schema(request=RestoreSerializer, responses=DeploymentSerializer)
@@ -247,7 +255,7 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
         run = flows.canary_resume(actor=request.user, deployment=self.get_object())
         return Response(WorkflowRunSerializer(run).data)
 
-    @extend_schema(request=None, responses=WorkflowRunSerializer)
+    @extend_schema(request=None, responses={202: WorkflowRunSerializer})
     @action(detail=True, methods=["post"], url_path="canary/abort")
     def canary_abort(self, request: Request, pk: str | None = None) -> Response:
         """Remote share to 0 % now; the canary run ends canceled."""

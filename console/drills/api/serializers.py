@@ -4,6 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from console.core.api.fields import created_by_field
 from console.drills.models import REPORT_FIGURES, Drill, DrillReport
 
 
@@ -12,7 +13,7 @@ class DrillSerializer(serializers.ModelSerializer):
 
     run_now = serializers.BooleanField(write_only=True, required=False, default=True)
     last_report = serializers.SerializerMethodField()
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = created_by_field()
 
     class Meta:
         model = Drill

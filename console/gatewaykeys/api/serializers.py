@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from console.core.api.fields import created_by_field, username_field
 from console.deployments.models import Deployment
 from console.gatewaykeys.models import NAME_RE, GatewayKey
 
@@ -7,8 +8,8 @@ from console.gatewaykeys.models import NAME_RE, GatewayKey
 class GatewayKeySerializer(serializers.ModelSerializer):
     """A key as listed: never the key or its hash."""
 
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
-    revoked_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = created_by_field()
+    revoked_by = username_field("revoked_by", "Username of who revoked it; null while active.")
     active = serializers.BooleanField(read_only=True)
 
     class Meta:

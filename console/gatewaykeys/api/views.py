@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.core.api.base import ConsoleViewSetMixin
+from console.core.api.schema import ValidationErrorSerializer
 from console.core.choices import Role
 from console.core.permissions import RolePermission
 from console.deployments.api.views import ConfigReadPermission
@@ -56,7 +57,13 @@ class GatewayKeyViewSet(
         body["key"] = key
         return Response(body, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses=GatewayKeySerializer)
+    @extend_schema(
+        request=None,
+        responses={
+            200: GatewayKeySerializer,
+            400: OpenApiResponse(ValidationErrorSerializer, "Already revoked (`revoked_at`)."),
+        },
+    )
     @action(detail=True, methods=["post"])
     def revoke(self, request: Request, pk: str | None = None) -> Response:
         """Revoke a key; the deployment's gateway refuses it from its next poll on."""

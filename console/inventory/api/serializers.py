@@ -185,7 +185,7 @@ class HeartbeatSerializer(serializers.Serializer):
     )
 
     def validate_config_versions(self, value: dict[str, int]) -> dict[str, int]:
-        bad = sorted(k for k in value if not k.isdigit())
+        bad = sorted(k for k in value if not (k.isascii() and k.isdigit()))
         if bad:
             raise serializers.ValidationError(f"Keys are deployment ids; got {bad[0]!r}.")
         return value

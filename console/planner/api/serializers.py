@@ -10,6 +10,7 @@ from typing import Any
 from rest_framework import serializers
 
 from console.catalog.models import ModelSpec
+from console.core.api.fields import created_by_field
 from console.planner.errors import PlannerInputError
 from console.planner.inputs import parse_scenario
 from console.planner.kvsize import ArchitectureError, validate_architecture
@@ -102,7 +103,7 @@ class KvSizeSerializer(serializers.Serializer):
 class PlannerScenarioSerializer(serializers.ModelSerializer):
     """A saved scenario. ``body`` is validated by the services (errors keyed ``body.<field>``)."""
 
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = created_by_field()
 
     class Meta:
         model = PlannerScenario

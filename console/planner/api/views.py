@@ -12,6 +12,7 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -39,12 +40,22 @@ def _model_ref(model: Any) -> dict[str, Any]:
     return {"id": model.pk, "name": model.name}
 
 
+def _sweeps(raw: str | None) -> bool:
+    """``?sweeps=``: true unless ``false`` / ``0``; anything else is a 400 naming it."""
+    if raw is None:
+        return True
+    value = raw.strip().lower()
+    if value not in {"true", "1", "false", "0"}:
+        raise ValidationError({"sweeps": ["Expected true or false."]})
+    return value in {"true", "1"}
+
+
 def _evaluate_body(request: Request, body: Any) -> dict[str, Any]:
     """Validate ``body``, evaluate it (``?sweeps=false`` leaves the sweeps out); a 400 naming
     the field on bad input."""
+    with_sweeps = _sweeps(request.query_params.get("sweeps"))
     serializer = ScenarioSerializer(data=body)
     serializer.is_valid(raise_exception=True)
-    with_sweeps = request.query_params.get("sweeps", "true").lower() not in {"0", "false"}
     try:
         result = evaluate(serializer.validated_data["scenario"], with_sweeps=with_sweeps)
     except PlannerInputError as exc:

@@ -1,5 +1,6 @@
 from rest_framework import serializers
 
+from console.core.api.fields import created_by_field
 from console.runs.models import StepRun, WorkflowRun
 
 
@@ -25,7 +26,7 @@ class StepRunSerializer(serializers.ModelSerializer):
 
 class WorkflowRunSerializer(serializers.ModelSerializer):
     steps = StepRunSerializer(many=True, read_only=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = created_by_field()
 
     class Meta:
         model = WorkflowRun

@@ -53,13 +53,13 @@ class WorkflowRunViewSet(
         )
         return Response(WorkflowRunSerializer(run).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses=WorkflowRunSerializer)
+    @extend_schema(request=None, responses={202: WorkflowRunSerializer})
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         run = services.run_cancel(actor=request.user, run=self.get_object())
         return Response(WorkflowRunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(request=RunRetrySerializer, responses=WorkflowRunSerializer)
+    @extend_schema(request=RunRetrySerializer, responses={202: WorkflowRunSerializer})
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: str | None = None) -> Response:
         data = RunRetrySerializer(data=request.data)
