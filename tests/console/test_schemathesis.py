@@ -7,9 +7,9 @@ documents (``status_code_conformance``) and a body that matches the schema for i
 The budget is bounded (``MAX_EXAMPLES`` per operation in the fuzzing phase, plus the schema's
 own examples; derandomized, so CI draws the same cases each run) to keep the whole test
 within ~3 minutes on two busy cores. Callers: an admin token (the highest role reaches every
-operation), a node token for the heartbeat. Nothing leaves the test's own database: Celery
-tasks the writes send (deploy, canary, drills, runs) go to an in-memory broker, alert
-notifications are only sent by beat, not by the API.
+operation), a node token where only a node's is accepted (heartbeats, trace batches).
+Nothing leaves the test's own database: Celery tasks the writes send (deploy, canary, drills,
+runs) go to an in-memory broker; alert notifications are only sent by beat, not by the API.
 
 Run alone: ``pytest tests/console/test_schemathesis.py``; for a deeper run (much longer)
 ``PDBRIDGE_FUZZ_EXAMPLES=200`` or ``PDBRIDGE_FUZZ_COVERAGE=1``, with ``--timeout 0``.
@@ -228,7 +228,8 @@ def test_every_operation_conforms_to_the_schema(case: Any, fuzz_world: dict[str,
     key = (case.method.upper(), case.path)
     if key in EXCLUDED:
         pytest.skip(EXCLUDED[key])
-    if case.path == "/api/heartbeats/":
+    security = case.operation.definition.raw.get("security", [])
+    if security and all("nodeToken" in scheme for scheme in security):  # agents' endpoints
         auth = f"Bearer {fuzz_world['node_token']}"
     else:
         auth = f"Token {fuzz_world['user_token']}"
