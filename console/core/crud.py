@@ -37,17 +37,26 @@ def audited_create(*, actor: Actor, model: type[M], fields: dict[str, Any]) -> M
 def audited_update(*, actor: Actor, instance: M, fields: dict[str, Any]) -> tuple[M, bool]:
     """Apply ``fields`` to ``instance``; returns ``(instance, changed)``. Nothing is written
     (and nothing audited) when no value changes."""
+    # ``auto_now`` stamps move on every save: compared, they made every update look like a
+    # change (an audit entry and, for links and sites, new config snapshots for a no-op).
+    stamps = tuple(
+        f.name for f in type(instance)._meta.concrete_fields if getattr(f, "auto_now", False)
+    )
     before = model_snapshot(instance)
     plain, m2m = _split_m2m(type(instance), fields)
     for name, value in plain.items():
         setattr(instance, name, value)
     instance.full_clean()
+    m2m_same = all(
+        _pks(getattr(instance, name).all()) == _pks(values) for name, values in m2m.items()
+    )
+    unchanged = {k: v for k, v in before.items() if k not in stamps}
+    if m2m_same and model_snapshot(instance, exclude=stamps) == unchanged:
+        return instance, False
     instance.save()
     for name, values in m2m.items():
         getattr(instance, name).set(values)
     after = model_snapshot(instance)
-    if before == after:
-        return instance, False
     audit_record(
         actor=actor, action=AuditAction.UPDATE, instance=instance, before=before, after=after
     )
@@ -61,6 +70,10 @@ def audited_delete(*, actor: Actor, instance: models.Model) -> None:
     audit_record(actor=actor, action=AuditAction.DELETE, instance=instance, before=before)
     instance.delete()
     instance.pk = pk  # keep the id for the caller's response / logs
+
+
+def _pks(values: Any) -> list[Any]:
+    return sorted(v.pk if isinstance(v, models.Model) else v for v in values)
 
 
 def _split_m2m(model: type[models.Model], fields: dict[str, Any]) -> tuple[dict, dict]:
