@@ -13,7 +13,8 @@ class CoreConfig(AppConfig):
         from console.core.nav import NavItem, nav_register
 
         # The built-in pages; a later feature registers its own entry from its AppConfig, its
-        # order between these (alerts 16, canaries 42, drills 45, tidal 55, gateway keys 85).
+        # order between these (alerts 16, traces 17, canaries 42, rollouts 43, drills 45, tidal
+        # 55, gateway keys 85).
         for order, label, url_name in [
             (0, "Overview", "overview"),
             (10, "Sites", "sites-page"),

@@ -445,8 +445,22 @@ def test_models_health_and_unknown_route():
             "status": "ok",
             "config_version": 3,
             "pools": [
-                {"role": "decode", "site": "local", "healthy": 1, "total": 1, "status": "ok"},
-                {"role": "prefill", "site": "remote", "healthy": 1, "total": 1, "status": "ok"},
+                {
+                    "role": "decode",
+                    "site": "local",
+                    "healthy": 1,
+                    "total": 1,
+                    "drained": 0,
+                    "status": "ok",
+                },
+                {
+                    "role": "prefill",
+                    "site": "remote",
+                    "healthy": 1,
+                    "total": 1,
+                    "drained": 0,
+                    "status": "ok",
+                },
             ],
         },
     )

@@ -35,8 +35,22 @@ def test_serves_a_static_config_file(tmp_path):
         "status": "ok",
         "config_version": 7,
         "pools": [
-            {"role": "decode", "site": "local", "healthy": 1, "total": 1, "status": "ok"},
-            {"role": "prefill", "site": "remote", "healthy": 1, "total": 1, "status": "ok"},
+            {
+                "role": "decode",
+                "site": "local",
+                "healthy": 1,
+                "total": 1,
+                "drained": 0,
+                "status": "ok",
+            },
+            {
+                "role": "prefill",
+                "site": "remote",
+                "healthy": 1,
+                "total": 1,
+                "drained": 0,
+                "status": "ok",
+            },
         ],
     }
     assert proc.returncode == 0

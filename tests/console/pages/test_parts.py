@@ -224,7 +224,7 @@ def test_nav_registry_shows_entries_by_role_and_skips_unroutable_ones(db):
 
     viewer = [i["label"] for i in nav_items("viewer")]
 
-    assert viewer[:6] == ["Overview", "Sites", "Nodes", "Links", "Alerts", "Models"]
+    assert viewer[:7] == ["Overview", "Sites", "Nodes", "Links", "Alerts", "Traces", "Models"]
     assert "Nowhere" not in viewer
     assert nav_items(None) == []
 
