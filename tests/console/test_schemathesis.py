@@ -58,8 +58,9 @@ COVERAGE = os.environ.get("PDBRIDGE_FUZZ_COVERAGE", "") == "1"
 NOW = datetime(2026, 11, 30, 5, tzinfo=UTC)
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance]
 
-# Operations not fuzzed, each with its reason. (None today: every operation is fuzzed.)
-EXCLUDED: dict[tuple[str, str], str] = {}
+# Operations not fuzzed, by label ("POST /api/..."), each with its reason; they are left out
+# of the schema here, not skipped (CI allows no skips). None today: every operation is fuzzed.
+EXCLUDED: dict[str, str] = {}
 
 
 def _small_scenario() -> dict[str, Any]:
@@ -179,6 +180,8 @@ def api_schema(live_server: Any, fuzz_world: dict[str, Any]) -> Any:
         }
     )
     schema = schemathesis.openapi.from_url(f"{live_server.url}/api/schema/", config=config)
+    if EXCLUDED:
+        schema = schema.exclude(name=list(EXCLUDED))
     ids = fuzz_world["ids"]
 
     @schema.hook
@@ -225,9 +228,6 @@ def _node_id_for_schemathesis(request: pytest.FixtureRequest) -> None:
 
 @schema.parametrize()
 def test_every_operation_conforms_to_the_schema(case: Any, fuzz_world: dict[str, Any]) -> None:
-    key = (case.method.upper(), case.path)
-    if key in EXCLUDED:
-        pytest.skip(EXCLUDED[key])
     security = case.operation.definition.raw.get("security", [])
     if security and all("nodeToken" in scheme for scheme in security):  # agents' endpoints
         auth = f"Bearer {fuzz_world['node_token']}"
