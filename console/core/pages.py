@@ -59,3 +59,10 @@ def paginate(request: HttpRequest, queryset: QuerySet[Any], per_page: int = PER_
     """The page of ``queryset`` named by ``?page=`` (a bad or too high number shows the
     last or first page rather than an error)."""
     return Paginator(queryset, per_page).get_page(request.GET.get("page"))
+
+
+def is_id(raw: str) -> bool:
+    """Whether a query or form value is an id: ASCII digits that fit the database's integers.
+    (``"²".isdigit()`` is true and ``int("²")`` raises; 20 digits overflow a bigint: both
+    were 500s.)"""
+    return raw.isascii() and raw.isdigit() and len(raw) <= 18

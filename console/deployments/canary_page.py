@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET
 
 from console.core.charts import _html, empty_chart, time_chart
 from console.core.choices import Role
-from console.core.pages import page_view, paginate
+from console.core.pages import is_id, page_view, paginate
 from console.core.roles import user_has_role
 from console.deployments.flows import CANARY_KIND
 from console.deployments.models import Deployment
@@ -29,7 +29,7 @@ _TARGET_TYPE = "deployments.deployment"
 
 def _share(step: StepRun) -> int | None:
     raw = step.name.removeprefix("share_")
-    return int(raw) if raw.isdigit() else None
+    return int(raw) if is_id(raw) else None
 
 
 def share_series(run: WorkflowRun, steps: list[StepRun]) -> list[tuple[datetime, float]]:
@@ -116,13 +116,13 @@ def canary_list(request: HttpRequest) -> HttpResponse:
     """Canary runs, newest first (``?deployment=<id>`` for one deployment's)."""
     runs = _canaries().prefetch_related("steps").order_by("-id")
     raw = request.GET.get("deployment", "")
-    if raw.isdigit():
+    if is_id(raw):
         runs = runs.filter(target_type=_TARGET_TYPE, target_id=raw)
     page = paginate(request, runs)
     ids = {int(r.target_id) for r in page.object_list if r.target_id.isdigit()}
     names = dict(Deployment.objects.filter(pk__in=ids).values_list("pk", "name"))
     for run in page.object_list:
-        run.deployment_name = names.get(int(run.target_id)) if run.target_id.isdigit() else None
+        run.deployment_name = names.get(int(run.target_id)) if is_id(run.target_id) else None
     return render(request, "deployments/canary_list.html", {"page": page})
 
 
@@ -131,9 +131,7 @@ def _canary_and_deployment(pk: int) -> tuple[WorkflowRun, Deployment | None]:
     if run is None:
         raise Http404("No canary run with this id.")
     deployment = (
-        Deployment.objects.filter(pk=int(run.target_id)).first()
-        if run.target_id.isdigit()
-        else None
+        Deployment.objects.filter(pk=int(run.target_id)).first() if is_id(run.target_id) else None
     )
     return run, deployment
 

@@ -20,7 +20,7 @@ from rest_framework.exceptions import APIException
 
 from console.core.charts import time_chart
 from console.core.choices import Role
-from console.core.pages import action_view, page_view, paginate
+from console.core.pages import action_view, is_id, page_view, paginate
 from console.deployments import services
 from console.deployments.config import render_snapshot
 from console.deployments.models import Deployment, Pool
@@ -192,7 +192,7 @@ def deployment_restore(request: HttpRequest, pk: int) -> HttpResponse:
     """Form POST ``version=N``: make version N current again (as a new version)."""
     deployment = get_object_or_404(Deployment, pk=pk)
     raw = request.POST.get("version", "")
-    if not raw.isdigit():
+    if not is_id(raw):
         messages.error(request, "version: expected a version number")
     else:
         try:

@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from console.core.choices import Role
 from console.core.forms import call_service
-from console.core.pages import action_view, page_view, paginate
+from console.core.pages import action_view, is_id, page_view, paginate
 from console.core.roles import user_has_role
 from console.deployments.models import Deployment
 from console.drills import selectors, services
@@ -56,7 +56,7 @@ def drill_list(request: HttpRequest) -> HttpResponse:
     )
     deployment = None
     raw = request.GET.get("deployment", "")
-    if raw.isdigit():
+    if is_id(raw):
         deployment = get_object_or_404(Deployment, pk=int(raw))
         drills = drills.filter(deployment=deployment)
     page = paginate(request, drills)
@@ -105,7 +105,7 @@ def drill_new(request: HttpRequest) -> HttpResponse:
         return _drill_save(request, None)
     _operator_form(request)
     raw = request.GET.get("deployment", "")
-    form = DrillForm(initial={"deployment": int(raw)} if raw.isdigit() else {})
+    form = DrillForm(initial={"deployment": int(raw)} if is_id(raw) else {})
     return render(request, "drills/drill_form.html", {"form": form, "drill": None})
 
 

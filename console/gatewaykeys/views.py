@@ -13,7 +13,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 
 from console.core.choices import Role
-from console.core.pages import action_view, page_view, paginate
+from console.core.pages import action_view, is_id, page_view, paginate
 from console.core.roles import user_has_role
 from console.deployments.models import Deployment
 from console.gatewaykeys import services
@@ -50,7 +50,7 @@ def key_list(request: HttpRequest) -> HttpResponse:
 def key_create(request: HttpRequest) -> HttpResponse:
     """Create a key and show it on the page that answers (never again)."""
     raw = request.POST.get("deployment", "")
-    deployment = Deployment.objects.filter(pk=int(raw)).first() if raw.isdigit() else None
+    deployment = Deployment.objects.filter(pk=int(raw)).first() if is_id(raw) else None
     if deployment is None:
         return _page(request, {"error": "deployment: choose a deployment."})
     try:

@@ -15,6 +15,7 @@ from django.shortcuts import render
 from django.views.decorators.http import require_http_methods
 
 from console.core.choices import Role
+from console.core.pages import is_id
 from console.core.roles import user_has_role
 from console.planner.charts import split_chart, threshold_chart
 from console.planner.errors import PlannerInputError
@@ -31,7 +32,7 @@ MAX_BODY_CHARS = 2_500_000
 def _initial_body(request: HttpRequest) -> tuple[Any, str]:
     """The body to show: ``?scenario=<id>``, ``?preset=<name>`` or the case study."""
     scenario_id = request.GET.get("scenario", "")
-    if scenario_id.isdigit():
+    if is_id(scenario_id):
         saved = PlannerScenario.objects.filter(pk=int(scenario_id)).first()
         if saved is not None:
             return saved.body, f"saved scenario {saved.name}"

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from console.core.choices import Role
 from console.core.forms import call_service
-from console.core.pages import action_view, page_view, paginate
+from console.core.pages import action_view, is_id, page_view, paginate
 from console.core.roles import user_has_role
 from console.deployments.models import Deployment
 from console.rollouts import services
@@ -30,7 +30,7 @@ def plan_list(request: HttpRequest) -> HttpResponse:
     deployment's canary uses: its own, else the shared default."""
     raw = request.GET.get("deployment", "")
     deployment = None
-    if raw.isdigit():
+    if is_id(raw):
         deployment = Deployment.objects.filter(pk=int(raw)).first()
         plan = (
             RolloutPlan.objects.filter(deployment_id=int(raw)).first()
@@ -82,7 +82,7 @@ def plan_new(request: HttpRequest) -> HttpResponse:
         return _plan_save(request, None)
     _operator_form(request)
     raw = request.GET.get("deployment", "")
-    form = RolloutPlanForm(initial={"deployment": int(raw)} if raw.isdigit() else {})
+    form = RolloutPlanForm(initial={"deployment": int(raw)} if is_id(raw) else {})
     return render(request, "rollouts/plan_form.html", {"form": form, "plan": None})
 
 

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET
 from rest_framework.exceptions import APIException
 
 from console.core.choices import Role
-from console.core.pages import action_view, page_view, paginate
+from console.core.pages import action_view, is_id, page_view, paginate
 from console.runs import selectors, services
 from console.runs.choices import RUN_TERMINAL, RunState
 from console.runs.models import WorkflowRun
@@ -105,7 +105,7 @@ def run_retry(request: HttpRequest, pk: int) -> HttpResponse:
     """Form POST ``from_step=<index>`` (optional: the failed step)."""
     run = get_object_or_404(WorkflowRun, pk=pk)
     raw = request.POST.get("from_step", "")
-    if raw and not raw.isdigit():
+    if raw and not is_id(raw):
         messages.error(request, "from_step: expected a step index")
         return _back(pk)
     try:

@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from console.core.charts import _html, xy_chart
 from console.core.choices import Role
 from console.core.forms import call_service
-from console.core.pages import action_view, page_view, paginate
+from console.core.pages import action_view, is_id, page_view, paginate
 from console.core.roles import user_has_role
 from console.inventory.models import Site
 from console.schedules import policy, services
@@ -49,7 +49,7 @@ def tidal_list(request: HttpRequest) -> HttpResponse:
     goes straight to that deployment's schedule, or says it has none."""
     schedules = _schedules()
     raw = request.GET.get("deployment", "")
-    if raw.isdigit():
+    if is_id(raw):
         schedules = schedules.filter(deployment_id=int(raw))
         mine = schedules.first()
         if mine is not None:
@@ -57,7 +57,7 @@ def tidal_list(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "schedules/tidal_list.html",
-        {"page": paginate(request, schedules), "filtered": raw.isdigit()},
+        {"page": paginate(request, schedules), "filtered": is_id(raw)},
     )
 
 
@@ -178,7 +178,7 @@ def tidal_new(request: HttpRequest) -> HttpResponse:
         return _tidal_save(request, None)
     _operator_form(request)
     raw = request.GET.get("deployment", "")
-    form = TidalScheduleForm(initial={"deployment": int(raw)} if raw.isdigit() else {})
+    form = TidalScheduleForm(initial={"deployment": int(raw)} if is_id(raw) else {})
     return render(request, "schedules/tidal_form.html", {"form": form, "schedule": None})
 
 

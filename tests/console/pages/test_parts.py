@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from django.template import Context, Template
 from django.utils import timezone
 
@@ -320,3 +321,28 @@ def test_overview_shows_firing_alerts_loudest_first(
 def test_overview_alerts_panel_empty_state(client_as, db):
     html = client_as("viewer").get("/").content.decode()
     assert "No alert is firing" in html
+
+
+@pytest.mark.parametrize("value", ["²", "9" * 20, "-1", "1e3"])
+def test_odd_ids_in_page_queries_and_forms_are_never_a_500(world, client_as, value):
+    """``"²".isdigit()`` is true and ``int("²")`` raises; twenty digits overflow a bigint."""
+    operator = client_as("operator")
+    dep = world.deployment.pk
+    gets = [
+        f"/tidal/?deployment={value}",
+        f"/tidal/new/?deployment={value}",
+        f"/rollouts/?deployment={value}",
+        f"/rollouts/new/?deployment={value}",
+        f"/drills/?deployment={value}",
+        f"/drills/new/?deployment={value}",
+        f"/canaries/?deployment={value}",
+        f"/planner/?scenario={value}",
+    ]
+    posts = [
+        (f"/deployments/{dep}/restore/", {"version": value}),
+        ("/gateway-keys/create/", {"deployment": value, "name": "k"}),
+    ]
+    for url in gets:
+        assert operator.get(url).status_code < 500, url
+    for url, body in posts:
+        assert operator.post(url, body).status_code < 500, url
