@@ -65,7 +65,7 @@ def every_row(world):
         tidal_apply_hour,
         tidal_schedule_create,
     )
-    from console.telemetry.services import sample_record
+    from console.telemetry.services import sample_record, trace_record_batch
 
     node_token_issue(actor=None, node=world.decode_node)
     rollout_plan_create(actor=None, name="plan")
@@ -95,6 +95,10 @@ def every_row(world):
     channel_create(actor=None, name="hook", kind="webhook", target="https://hooks.example.com/x")
     gateway_key_create(actor=None, deployment=world.deployment, name="team-a")
     gateway_access_update(actor=None, deployment=world.deployment, require_client_keys=True)
+    trace_record_batch(
+        node=world.decode_node,
+        traces=[{"request_id": "req-1", "started_at": NOW, "path": "remote", "total_ms": 80.0}],
+    )
     return world
 
 
