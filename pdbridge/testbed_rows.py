@@ -233,15 +233,18 @@ def register(
         actor=None,
         name="demo-fast",
         deployment=dep,
-        # Gates a careful operator would set, on enough requests to mean something: remote
-        # TTFT at most 2x local at the median (the testbed measured 1.0-1.2: both paths
-        # share these cores) and 3x at p99, 99 % success, the link under its ceiling.
+        # Enough requests per step to mean something, 99 % success, the link under its
+        # ceiling. The TTFT gates are wide for a reason of this testbed, not of production:
+        # the tiny model prefills in milliseconds, so the WAN's round trips (10 ms each way)
+        # dominate remote TTFT. On an idle machine the p50 ratio measured 1.0-1.2, in the
+        # CI suite on two busy cores 2.2-3.1; a broken remote path (every request waiting
+        # a timeout, then falling back) is 10x and more. Production gates: 1.5-2x.
         steps=[
             {"share_percent": 50, "min_duration_s": 5, "min_requests": 16},
             {"share_percent": 100, "min_duration_s": 3, "min_requests": 8},
         ],
-        gate_ttft_p50_ratio=2.0,
-        gate_ttft_p99_ratio=3.0,
+        gate_ttft_p50_ratio=5.0,
+        gate_ttft_p99_ratio=8.0,
         gate_success_rate_min=0.99,
         gate_link_utilization_max=0.7,
     )

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from console.alerts.services import alerts_evaluate
+from console.alerts.services import alert_rules_sync_defaults, alerts_evaluate
 from console.deployments import flows
 from console.drills import services as drills
 from console.drills.models import DrillReport
@@ -27,6 +27,7 @@ def test_operator_acknowledges_pauses_and_runs_a_drill(
 ) -> None:
     make_user("operator", username="operator")
     base = live_server.url
+    alert_rules_sync_defaults()  # a flushed test database has lost the migration's rules
     sample_record(subject=world.link, name=names.LINK_RTT_MS, value=250.0)
     alerts_evaluate(now=timezone.now(), notify=False)
     canary = flows.canary_start(actor=None, deployment=world.deployment)

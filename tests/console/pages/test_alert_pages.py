@@ -10,12 +10,17 @@ import pytest
 from django.utils import timezone
 
 from console.alerts.models import Alert, AlertRule
-from console.alerts.services import alerts_evaluate, channel_create
+from console.alerts.services import alert_rules_sync_defaults, alerts_evaluate, channel_create
 from console.core.models import AuditLog
 from console.telemetry import names
 from console.telemetry.services import sample_record
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _default_rules(db):
+    alert_rules_sync_defaults()  # a flushed test database has lost the migration's rules
 
 
 @pytest.fixture
