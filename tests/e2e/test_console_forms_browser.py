@@ -72,10 +72,10 @@ def test_operator_creates_a_drill_a_rollout_plan_and_a_tidal_schedule(
     rows.nth(2).locator("button.remove-step").click()
     assert rows.count() == 2
     for share, duration, requests in (("25", "600", "3000"), ("100", "0", "0")):
+        # Counted before the click: htmx may have added the row by the time it returns.
+        expected = rows.count() + 1
         page.click("#add-step")
-        page.wait_for_function(
-            f"document.querySelectorAll('#steps-body tr').length == {rows.count() + 1}"
-        )
+        page.wait_for_function(f"document.querySelectorAll('#steps-body tr').length == {expected}")
         row = rows.last
         row.locator("input[name=step_share_percent]").fill(share)
         row.locator("input[name=step_min_duration_s]").fill(duration)
