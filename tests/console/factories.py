@@ -3,6 +3,7 @@ have their version-1 snapshot) by ``make_deployment``."""
 
 from __future__ import annotations
 
+import copy
 import itertools
 from typing import Any
 
@@ -70,3 +71,48 @@ def make_deployment(**fields: Any) -> Any:
     if "model" not in fields:
         fields["model"] = ModelSpecFactory()
     return deployment_create(actor=None, **fields)
+
+
+def small_case_study(thresholds: int = 50) -> dict[str, Any]:
+    """The PrfaaS case study with a coarse threshold grid (fast to plan, same optimum shape)."""
+    from console.planner.presets import preset_scenario
+
+    body = copy.deepcopy(preset_scenario("prfaas-case-study"))
+    body["grid"] = {"thresholds": thresholds, "spacing": "linear"}
+    return body
+
+
+def make_tidal_schedule(
+    *,
+    deployment: Any,
+    remote_site: Any,
+    local_site: Any,
+    capacity: list[int],
+    scenario: dict[str, Any] | None = None,
+    remote_prices: list[float] | None = None,
+    local_prices: list[float] | None = None,
+) -> Any:
+    """Prices for the remote site (and the local one, if given), an enabled UTC schedule of
+    ``deployment`` and the deployment made active (the tidal beat skips others)."""
+    from console.deployments.services import deployment_transition
+    from console.schedules.services import price_table_create, tidal_schedule_create
+
+    price_table_create(actor=None, site=remote_site, gpu_hour_prices=remote_prices or [2.0] * 24)
+    if local_prices is not None:
+        price_table_create(actor=None, site=local_site, gpu_hour_prices=local_prices)
+    schedule = tidal_schedule_create(
+        actor=None,
+        deployment=deployment,
+        enabled=True,
+        timezone="UTC",
+        ttft_limit_ms=10_000,
+        scenario=scenario or small_case_study(),
+        remote_site=remote_site,
+        local_site=local_site,
+        capacity=capacity,
+    )
+    for state in ("deploying", "active"):
+        deployment.refresh_from_db()
+        deployment_transition(actor=None, deployment=deployment, to_state=state)
+    deployment.refresh_from_db()
+    return schedule

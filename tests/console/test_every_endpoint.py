@@ -23,16 +23,14 @@ from rest_framework.test import APIClient
 from console.alerts.services import alerts_evaluate, channel_create
 from console.core.models import AuditLog
 from console.core.services_users import user_create
-from console.deployments.services import deployment_transition
 from console.drills import services as drills
 from console.drills.models import DrillReport
 from console.inventory.services import node_token_issue
-from console.planner.presets import preset_scenario
 from console.planner.services import scenario_create
 from console.rollouts.services import rollout_plan_create
 from console.runs import services as runs
-from console.schedules.models import RebalanceProposal
-from console.schedules.services import price_table_create, tidal_apply_hour, tidal_schedule_create
+from console.schedules.models import RebalanceProposal, SitePriceTable
+from console.schedules.services import tidal_apply_hour
 from console.telemetry.models import RequestTrace
 from console.telemetry.services import sample_record, trace_record_batch
 from tests.console.factories import (
@@ -41,6 +39,8 @@ from tests.console.factories import (
     NodeFactory,
     SiteFactory,
     make_deployment,
+    make_tidal_schedule,
+    small_case_study,
 )
 
 pytestmark = pytest.mark.django_db
@@ -50,33 +50,18 @@ HUGE = "9" * 30
 NOW = datetime(2026, 11, 30, 5, tzinfo=UTC)
 
 
-def small_case_study() -> dict[str, Any]:
-    body = preset_scenario("prfaas-case-study")
-    body["grid"] = {"thresholds": 50, "spacing": "linear"}
-    return body
-
-
 @pytest.fixture
 def w(world: Any, make_user: Any) -> Any:
     """``world`` plus one row of every other kind the API serves."""
     world.deployment.refresh_from_db()
-    price_table_create(actor=None, site=world.remote, gpu_hour_prices=[2.0] * 24)
-    world.price = price_table_create(actor=None, site=world.local, gpu_hour_prices=[1.0] * 24)
-    world.schedule = tidal_schedule_create(
-        actor=None,
+    world.schedule = make_tidal_schedule(
         deployment=world.deployment,
-        enabled=True,
-        timezone="UTC",
-        ttft_limit_ms=10_000,
-        scenario=small_case_study(),
         remote_site=world.remote,
         local_site=world.local,
         capacity=[1] * 24,
+        local_prices=[1.0] * 24,
     )
-    for state in ("deploying", "active"):
-        world.deployment.refresh_from_db()
-        deployment_transition(actor=None, deployment=world.deployment, to_state=state)
-    world.deployment.refresh_from_db()
+    world.price = SitePriceTable.objects.get(site=world.local)
     world.application = tidal_apply_hour(schedule_id=world.schedule.pk, now=NOW)
     world.proposal = RebalanceProposal.objects.create(
         deployment=world.deployment, reason="endpoint test", moves=[]

@@ -41,17 +41,16 @@ from console.core import celery_client
 from console.core.choices import Role
 from console.core.roles import role_group
 from console.core.services_users import user_create
-from console.deployments.services import deployment_transition
 from console.drills import services as drills
 from console.gatewaykeys.services import gateway_key_create
 from console.inventory.services import node_token_issue
-from console.planner.presets import preset_scenario
 from console.planner.services import scenario_create
 from console.rollouts.services import rollout_plan_create
 from console.runs import services as runs
 from console.schedules.models import RebalanceProposal
-from console.schedules.services import price_table_create, tidal_apply_hour, tidal_schedule_create
+from console.schedules.services import tidal_apply_hour
 from console.telemetry.services import sample_record
+from tests.console.factories import make_tidal_schedule, small_case_study
 
 MAX_EXAMPLES = int(os.environ.get("PDBRIDGE_FUZZ_EXAMPLES", "20"))
 COVERAGE = os.environ.get("PDBRIDGE_FUZZ_COVERAGE", "") == "1"
@@ -63,30 +62,15 @@ CHECKS = [not_a_server_error, status_code_conformance, response_schema_conforman
 EXCLUDED: dict[str, str] = {}
 
 
-def _small_scenario() -> dict[str, Any]:
-    body = preset_scenario("prfaas-case-study")
-    body["grid"] = {"thresholds": 50, "spacing": "linear"}
-    return body
-
-
 def _seed(world: Any) -> dict[str, Any]:
     """One row of every kind the API serves; returns what the callers need."""
-    price_table_create(actor=None, site=world.remote, gpu_hour_prices=[2.0] * 24)
-    price_table_create(actor=None, site=world.local, gpu_hour_prices=[1.0] * 24)
-    schedule = tidal_schedule_create(
-        actor=None,
+    schedule = make_tidal_schedule(
         deployment=world.deployment,
-        enabled=True,
-        timezone="UTC",
-        ttft_limit_ms=10_000,
-        scenario=_small_scenario(),
         remote_site=world.remote,
         local_site=world.local,
         capacity=[1] * 24,
+        local_prices=[1.0] * 24,
     )
-    for state in ("deploying", "active"):
-        world.deployment.refresh_from_db()
-        deployment_transition(actor=None, deployment=world.deployment, to_state=state)
     tidal_apply_hour(schedule_id=schedule.pk, now=NOW)
     RebalanceProposal.objects.create(deployment=world.deployment, reason="fuzz", moves=[])
     drill = drills.drill_create(
@@ -95,7 +79,7 @@ def _seed(world: Any) -> dict[str, Any]:
     drills.drill_run(actor=None, drill=drill)
     runs.run_create(actor=None, kind="selfcheck", steps=["database"], start=False)
     rollout_plan_create(actor=None, name="plan")
-    scenario_create(actor=None, name="case", body=_small_scenario())
+    scenario_create(actor=None, name="case", body=small_case_study())
     sample_record(subject=world.link, name="link_rtt_ms", value=1000.0, at=NOW)
     alerts_evaluate(now=NOW.replace(minute=1), notify=False)
     channel_create(actor=None, name="hook", kind="webhook", target="https://hooks.example.com/x")

@@ -29,18 +29,23 @@ from django.test import override_settings
 from console.deployments.models import Deployment
 from console.deployments.services import (
     deployment_set_kill_switch,
-    deployment_transition,
     pool_create,
 )
 from console.inventory.models import Node
 from console.schedules.models import TidalApplication
-from console.schedules.services import price_table_create, tidal_apply_due, tidal_schedule_create
+from console.schedules.services import tidal_apply_due
 from grpc_kv.certs import create_ca, create_node_cert
 from orchestrator import agentops
 from orchestrator.agentops import Target
 from orchestrator.tidalops import carry_out_all
 from tests.agents.conftest import agent_config
-from tests.console.factories import ModelSpecFactory, NodeFactory, SiteFactory, make_deployment
+from tests.console.factories import (
+    ModelSpecFactory,
+    NodeFactory,
+    SiteFactory,
+    make_deployment,
+    make_tidal_schedule,
+)
 from tests.console.schedules.conftest import REMOTE_PRICES, case_study
 from tests.netns import _ip, require_netns
 from tests.orchestrator.workflows.topology import pinned_port
@@ -199,21 +204,14 @@ def tidal(bed: Bed) -> Iterator[Tidal]:
             "port": pinned_port(),
         },
     )
-    price_table_create(actor=None, site=remote, gpu_hour_prices=REMOTE_PRICES)
-    schedule = tidal_schedule_create(
-        actor=None,
+    schedule = make_tidal_schedule(
         deployment=deployment,
-        enabled=True,
-        timezone="UTC",
-        ttft_limit_ms=10_000,
-        scenario=case_study(),
         remote_site=remote,
         local_site=local,
         capacity=CAPACITY,
+        scenario=case_study(),
+        remote_prices=REMOTE_PRICES,
     )
-    for state in ("deploying", "active"):
-        deployment.refresh_from_db()
-        deployment_transition(actor=None, deployment=deployment, to_state=state)
     world = Tidal(bed, deployment.pk, schedule.pk)
     # No gateway here (tests/orchestrator/test_tidal_gateway.py has them): a drain is not
     # waited for.

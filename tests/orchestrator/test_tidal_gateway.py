@@ -30,10 +30,10 @@ import yaml
 from django.test import override_settings
 
 from console.deployments.models import Deployment
-from console.deployments.services import deployment_transition, pool_create
+from console.deployments.services import pool_create
 from console.inventory.services import node_token_issue
 from console.schedules.models import TidalApplication
-from console.schedules.services import price_table_create, tidal_apply_due, tidal_schedule_create
+from console.schedules.services import tidal_apply_due
 from grpc_kv.certs import create_ca, create_node_cert
 from orchestrator import agentops
 from orchestrator.agentops import Target
@@ -42,7 +42,13 @@ from orchestrator.workflows import gateway_metrics as gm
 from tests.agents.conftest import agent_config
 from tests.agents.engines.client import free_port
 from tests.agents.gateway.procs import Proc, _ready_line, metric, start_double
-from tests.console.factories import ModelSpecFactory, NodeFactory, SiteFactory, make_deployment
+from tests.console.factories import (
+    ModelSpecFactory,
+    NodeFactory,
+    SiteFactory,
+    make_deployment,
+    make_tidal_schedule,
+)
 from tests.console.schedules.conftest import REMOTE_PRICES, case_study
 from tests.netns import _ip, require_netns
 from tests.orchestrator.test_tidal_agents import _start
@@ -285,21 +291,14 @@ def world(bed: Bed, live_server: Any) -> Iterator[World]:
             "port": pinned_port(),
         },
     )
-    price_table_create(actor=None, site=remote, gpu_hour_prices=REMOTE_PRICES)
-    schedule = tidal_schedule_create(
-        actor=None,
+    schedule = make_tidal_schedule(
         deployment=deployment,
-        enabled=True,
-        timezone="UTC",
-        ttft_limit_ms=10_000,
-        scenario=case_study(),
         remote_site=remote,
         local_site=local,
         capacity=CAPACITY,
+        scenario=case_study(),
+        remote_prices=REMOTE_PRICES,
     )
-    for state in ("deploying", "active"):
-        deployment.refresh_from_db()
-        deployment_transition(actor=None, deployment=deployment, to_state=state)
     token = node_token_issue(actor=None, node=decode_node)
     gateway = _gateway(deployment.pk, live_server.url, token, gateway_port, bed)
     ssl_ctx = None
