@@ -71,18 +71,25 @@ def _busy(link: Link, now: datetime) -> float | None:
     return last[1] if last[1] >= link.utilization_ceiling else None
 
 
-def _record(link: Link, result: dict[str, Any], now: datetime) -> None:
-    mbit_s, rtt_ms = float(result["mbit_s"]), float(result["rtt_ms"])
+def record_samples(link: Link, result: dict[str, Any], now: datetime) -> None:
+    """One probe's figures (``agentops.probe``'s answer) as samples of the link: the link
+    page's charts and the link alert rules read them (this job and deployment step 2)."""
+    mbit_s = float(result["mbit_s"])
     samples_record_many(
         subject=link,
         values={
             names.LINK_MEASURED_MBIT_S: mbit_s,
-            names.LINK_RTT_MS: rtt_ms,
+            names.LINK_RTT_MS: float(result["rtt_ms"]),
             names.LINK_RATE_RATIO: mbit_s / link.provisioned_mbit_s,
         },
         labels={"probe_bytes": result["bytes"], "from": result["from"]},
         at=now,
     )
+
+
+def _record(link: Link, result: dict[str, Any], now: datetime) -> None:
+    record_samples(link, result, now)
+    mbit_s, rtt_ms = float(result["mbit_s"]), float(result["rtt_ms"])
     before = link.measured_mbit_s
     if before is None or abs(mbit_s - before) > REFRESH_CHANGE * max(before, 1e-9):
         link_update(actor=None, link=link, measured_mbit_s=mbit_s, rtt_ms=rtt_ms, measured_at=now)

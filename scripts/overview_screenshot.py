@@ -1,4 +1,6 @@
-"""Take the README's overview screenshot from a real testbed run.
+"""Take the README's overview screenshot, and docs/console.md's page screenshots beside it
+(``PAGES``: alerts, nodes, links, a link, traces, a trace, rollouts, the drill form, prices),
+from a real testbed run.
 
     .venv/bin/python scripts/overview_screenshot.py [--out docs/img/overview.png]
 
@@ -64,6 +66,32 @@ def _start_loadgen(endpoints: dict, seconds: float, work: Path) -> subprocess.Po
     return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL)  # noqa: S603
 
 
+#: The console pages docs/console.md shows, beside the overview: (path, file in docs/img/).
+PAGES = [
+    ("/alerts/", "alerts.png"),
+    ("/nodes/", "nodes.png"),
+    ("/links/", "links.png"),
+    ("/traces/", "traces.png"),
+    ("/rollouts/", "rollouts.png"),
+    ("/drills/new/", "drill-form.png"),
+    ("/tidal/prices/", "tidal-prices.png"),
+]
+
+
+def _pages(page: object, base: str) -> list[tuple[str, str]]:
+    """``PAGES`` plus the first link's page and the newest trace's, found on their lists."""
+    found = list(PAGES)
+    for listing, pattern, name in (
+        ("/links/", r'href="(/links/\d+/)"', "link.png"),
+        ("/traces/", r'href="(/traces/\d+/)"', "trace.png"),
+    ):
+        page.goto(f"{base}{listing}")  # type: ignore[attr-defined]
+        match = re.search(pattern, page.content())  # type: ignore[attr-defined]
+        if match:
+            found.append((match.group(1), name))
+    return found
+
+
 def _screenshot(endpoints: dict, password: str, out: Path, settle_s: float) -> None:
     from playwright.sync_api import sync_playwright
 
@@ -94,6 +122,11 @@ def _screenshot(endpoints: dict, password: str, out: Path, settle_s: float) -> N
             page.wait_for_load_state("networkidle")
             out.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(out), full_page=True)
+            for path, name in _pages(page, base):
+                page.goto(f"{base}{path}")
+                page.wait_for_load_state("networkidle")
+                page.screenshot(path=str(out.parent / name), full_page=True)
+                _say(f"wrote {out.parent / name}")
         finally:
             browser.close()
 

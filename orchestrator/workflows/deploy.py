@@ -28,7 +28,7 @@ from console.inventory.services import link_update
 from console.planner.kvsize import ArchitectureError, kv_bytes
 from console.runs.choices import RunState
 from console.runs.models import WorkflowRun
-from orchestrator import agentops
+from orchestrator import agentops, linkops
 from orchestrator.agentops import Target
 from orchestrator.steps import Done, Fail, RollBack, Step, StepContext, StepResult, Wait
 from orchestrator.workflows.gateway_metrics import scrape
@@ -146,13 +146,15 @@ def wan_baseline(ctx: StepContext) -> StepResult:
         probes.append(result)
         link = Link.objects.filter(from_site__name=target.site, to_site__name=decode.site).first()
         if link is not None:
+            now = timezone.now()
             link_update(
                 actor=None,
                 link=link,
                 measured_mbit_s=result["mbit_s"],
                 rtt_ms=result["rtt_ms"],
-                measured_at=timezone.now(),
+                measured_at=now,
             )
+            linkops.record_samples(link, result, now)  # the link's history starts here
             result["link"] = link.pk
     if any(p["mbit_s"] <= 0 for p in probes):
         return Fail("probe measured no bandwidth", {"kv_link": kvlink, "probes": probes})

@@ -591,6 +591,8 @@ def test_link_probe_job_charts_the_link_and_a_throttled_link_fires_link_rate_low
     start_worker(stale_s=3)
     assert world.deployment.state == "active"  # the deploy tests above left it serving
     started = timezone.now()
+    # Deployment step 2's probe began the link's history.
+    assert MetricSample.objects.filter(name="link_measured_mbit_s", at__lt=started).exists()
     first = _probe_round(world, started)
     measured = first.value * Link.objects.get().provisioned_mbit_s
     assert measured > 0
