@@ -48,12 +48,20 @@ def _node(hostname: str | None, site: str | None, fallback_site_id: int | None) 
     return nodes.first()
 
 
-def _where(node: Node | None, kind: str | None, at: datetime, request_id: str) -> dict[str, Any]:
-    """Where the log of a process on ``node`` covers ``at``: the node, its skew, the time on
+def _where(
+    node: Node | None,
+    kind: str | None,
+    at: datetime,
+    request_id: str,
+    skew_ms: float | None = None,
+) -> dict[str, Any]:
+    """Where the log of a process on ``node`` covers ``at``: the node, its skew (``skew_ms``
+    when given: the one the trace was converted with; else the node's latest), the time on
     its clock, its child names of ``kind`` and the operator command that reads them."""
     if node is None:
         return {"node": None}
-    skew = node.clock_skew_ms or 0.0
+    skew_ms = node.clock_skew_ms if skew_ms is None else skew_ms
+    skew = skew_ms or 0.0
     children = [
         str(c.get("name"))
         for c in node.reported_children or []
@@ -66,7 +74,7 @@ def _where(node: Node | None, kind: str | None, at: datetime, request_id: str) -
         "hostname": node.hostname,
         "site": node.site.name,
         "agent_address": node.agent_address,
-        "skew_ms": node.clock_skew_ms,
+        "skew_ms": skew_ms,
         "node_time": at + timedelta(milliseconds=skew),
         "children": children,
         "command": (
@@ -94,7 +102,11 @@ def trace_timeline(trace: RequestTrace) -> dict[str, Any]:
         where = None
         if instance:
             node = _node(instance, leg.get("site"), gateway_site)
-            where = _where(node, _CHILD_KINDS.get(leg["leg"]), at, trace.request_id)
+            # The gateway's own node: the skew its times were converted with, so the page
+            # gives one clock per node (its latest skew may have moved since).
+            same = node is not None and node.pk == trace.node_id
+            skew = trace.skew_ms if same else None
+            where = _where(node, _CHILD_KINDS.get(leg["leg"]), at, trace.request_id, skew)
             where["instance"] = instance
         rows.append(
             {
@@ -106,5 +118,5 @@ def trace_timeline(trace: RequestTrace) -> dict[str, Any]:
                 "where": where,
             }
         )
-    gateway = _where(trace.node, "gateway", trace.started_at, trace.request_id)
+    gateway = _where(trace.node, "gateway", trace.started_at, trace.request_id, trace.skew_ms)
     return {"trace": trace, "doc": doc, "legs": rows, "span_ms": span, "gateway": gateway}

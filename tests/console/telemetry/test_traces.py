@@ -147,3 +147,29 @@ def test_batches_are_bounded_and_need_a_node_token(sites: dict[str, Any], api_as
     assert huge.status_code == 400
     assert viewer.status_code == 401
     assert RequestTrace.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_the_gateways_node_keeps_the_skew_its_trace_was_converted_with(world: Any) -> None:
+    from datetime import UTC, datetime
+
+    from console.telemetry.models import RequestTrace
+    from console.telemetry.services import trace_record_batch
+    from console.telemetry.traces import trace_timeline
+
+    node = world.decode_node
+    node.clock_skew_ms = 100.0
+    node.save(update_fields=["clock_skew_ms"])
+    sent = datetime(2026, 12, 2, 7, 0, tzinfo=UTC)
+    leg = {"leg": "decode", "start_ms": 0.0, "end_ms": 5.0, "instance": node.hostname}
+    doc = {"request_id": "r-1", "started_at": sent, "total_ms": 5.0, "legs": [leg]}
+    trace_record_batch(node=node, traces=[doc])
+    node.clock_skew_ms = -900.0  # a later heartbeat measured another skew
+    node.save(update_fields=["clock_skew_ms"])
+
+    timeline = trace_timeline(RequestTrace.objects.select_related("node").get())
+
+    # One clock per node: the times on the gateway's node are the ones it logged.
+    assert timeline["gateway"]["skew_ms"] == 100.0
+    assert timeline["gateway"]["node_time"] == sent
+    assert timeline["legs"][0]["where"]["node_time"] == sent
