@@ -55,6 +55,10 @@ def _success(data: Any) -> tuple[str, list[tuple[str, str]]]:
         if data["kind"] == "canary":
             links.insert(0, ("the canary", _url("canary-page", data["id"])))
         flag = " (paused)" if (data.get("params") or {}).get("paused") else ""
+        if data.get("cancel_requested") and data["state"] in ("pending", "running"):
+            flag = ": cancel requested, it ends canceled at its next step"
+            if data["kind"] == "canary":
+                flag += " (the remote share is already 0 %)"
         return f"{data['kind'].capitalize()} run #{data['id']} is {data['state']}{flag}.", links
     return "Done.", []
 
