@@ -67,6 +67,10 @@ def test_drill_with_unreachable_gateway_fails_its_first_step_and_aborts_the_repo
     while WorkflowRun.objects.get(pk=report.run_id).state in {"pending", "running"}:
         assert time.monotonic() < deadline, "run did not end"
         time.sleep(0.2)
+    # The run is marked failed first; on_failure (which aborts the report) runs right after.
+    while DrillReport.objects.get(pk=report.pk).state == "running":
+        assert time.monotonic() < deadline, "report was not aborted"
+        time.sleep(0.2)
     run = WorkflowRun.objects.get(pk=report.run_id)
     report.refresh_from_db()
     assert run.state == "failed"
