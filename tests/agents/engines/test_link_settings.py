@@ -21,6 +21,9 @@ from tests.agents.engines.conftest import CHUNK, EngineProc, start_engine
 MODEL = "qwen3-next"
 #: Tokens of the slow prompt (the issue's): ~1.5 MB of KV, seconds of prefill on one thread.
 TOKENS = 6000
+#: The short engine's deadline: half the fastest send of that prompt seen on these hosts
+#: (0.97 s, a full-suite run), so the slow transfer misses it even on an idle machine.
+SHORT_DEADLINE_MS = 500
 
 
 def _prefill_engine(models_dir: Path, kv_certs, log: Path, *link: str) -> EngineProc:
@@ -38,12 +41,12 @@ def _prefill_engine(models_dir: Path, kv_certs, log: Path, *link: str) -> Engine
 def engines(
     engine_pair, grpc_decode, models_dir: Path, kv_certs, tmp_path_factory
 ) -> Iterator[tuple[EngineProc, EngineProc]]:
-    """(a prefill engine with a 1 s deadline, no retries and 4 KiB chunks; one with the
+    """(a prefill engine with a 0.5 s deadline, no retries and 4 KiB chunks; one with the
     testbed deployment's 15 s deadline): the same model, weights and chunking otherwise."""
     logs = tmp_path_factory.mktemp("logs-link")
     short = _prefill_engine(
         models_dir, kv_certs, logs / "short.log",
-        "--kv-timeout-ms", "1000", "--kv-retry", "0", "--kv-chunk-size-mb", "0.00390625",
+        "--kv-timeout-ms", str(SHORT_DEADLINE_MS), "--kv-retry", "0", "--kv-chunk-size-mb", "0.00390625",
     )  # fmt: skip
     try:
         long = _prefill_engine(models_dir, kv_certs, logs / "long.log", "--kv-timeout-ms", "15000")
@@ -78,7 +81,7 @@ def test_the_engine_reports_the_link_settings_it_was_given(engines):
     short, long = engines
 
     assert short.ready["kv_link"] == {
-        "timeout_ms": 1000,
+        "timeout_ms": SHORT_DEADLINE_MS,
         "retry": 0,
         "chunk_size_bytes": 4 * 1024,
     }
@@ -90,7 +93,7 @@ def test_a_deadline_the_slow_transfer_fits_lets_it_through_and_a_short_one_is_a_
 ):
     """The issue's case: a 6,000-token prompt, whose transfer lasts as long as its prefill
     (the sender opens after the first chunk and finishes after the last). The 15 s engine
-    gets it through (remote path, the tokens of a local run); the 1 s engine answers 503
+    gets it through (remote path, the tokens of a local run); the 0.5 s engine answers 503
     ``kv_timeout`` naming the deadline, and the decode leg, waiting 15 s as the gateway asks,
     hears a deadline too (``kv_timeout``) and falls back -- neither leg says ``kv_corrupt``."""
     short, long = engines
@@ -102,7 +105,7 @@ def test_a_deadline_the_slow_transfer_fits_lets_it_through_and_a_short_one_is_a_
     assert (s1, s2) == (200, 200), (through, remote)
     assert headers["x-pdbridge-path"] == "remote"
     # The premise: this transfer needs longer than the short engine's deadline.
-    assert through["kv_transfer_params"]["send_seconds"] > 1.0
+    assert through["kv_transfer_params"]["send_seconds"] > SHORT_DEADLINE_MS / 1000
 
     tid = f"s-{uuid.uuid4().hex}"
     t0 = time.monotonic()
@@ -114,7 +117,7 @@ def test_a_deadline_the_slow_transfer_fits_lets_it_through_and_a_short_one_is_a_
     assert s3 == 503
     assert missed["error"]["type"] == "kv_transfer_error"
     assert missed["error"]["code"] == "kv_timeout", missed
-    assert "deadline of 1000 ms" in missed["error"]["message"]
+    assert f"deadline of {SHORT_DEADLINE_MS} ms" in missed["error"]["message"]
     assert took < 15  # the engine's own deadline ended it
     assert s4 == 200
     assert headers["x-pdbridge-path"] == "fallback"
