@@ -24,12 +24,17 @@ FINAL_OUTCOMES = {ApplicationOutcome.APPLIED, ApplicationOutcome.UNCHANGED}
 
 
 class ProposalState(models.TextChoices):
-    """A rebalancing proposal's life: proposed -> applied | dismissed | superseded."""
+    """A rebalancing proposal's life: proposed -> applying -> applied | failed, or proposed
+    -> dismissed | superseded."""
 
     # Waiting for an operator (or for auto-apply).
     PROPOSED = "proposed", "Proposed"
-    # Its node moves were written to the deployment's pools.
+    # Approved: its ``rebalance`` run is moving the nodes (drain, relaunch, rejoin).
+    APPLYING = "applying", "Applying"
+    # Its run moved every node: the engines run in their new roles, the pools say so.
     APPLIED = "applied", "Applied"
+    # Its run failed; the run's evidence says where, and which nodes stayed drained.
+    FAILED = "failed", "Failed"
     # An operator declined it.
     DISMISSED = "dismissed", "Dismissed"
     # A newer proposal for the same deployment replaced it.

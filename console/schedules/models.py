@@ -224,6 +224,14 @@ class RebalanceProposal(models.Model):
         help_text="Nodes to convert: [{node, hostname, from, to}].",
     )
     reason = models.TextField()
+    run = models.ForeignKey(
+        "runs.WorkflowRun",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="The rebalance run carrying it out (once approved).",
+    )
     decided_by_label = models.CharField(
         max_length=150,
         blank=True,
