@@ -49,6 +49,8 @@ _ORCHESTRATOR_KEYS = {
     "kv_listen",
     "kv_link_port",
     "kv_link_wan_port",
+    "kv_site_addresses",
+    "kv_link_site_addresses",
     "gateway_port",
     "kv_tls",
     "kv_insecure",
@@ -149,9 +151,33 @@ class Target:
             f"{self.kv_wan_host}:{_port(self.settings, 'kv_link_wan_port', DEFAULT_KV_LINK_PORT)}"
         )
 
+    def kv_address_for(self, site: str) -> str:
+        """What ``site``'s prefill engines dial for this decode node's KV receiver: its entry
+        of ``kv_site_addresses`` (a WAN path, proxy or NAT of that site's own), else
+        :attr:`kv_address`. The gateway reads the same setting."""
+        return _site_address(self.settings, "kv_site_addresses", site) or self.kv_address
+
+    def kv_link_wan_address_for(self, site: str) -> str:
+        """What ``site``'s agent dials to probe this node's kv-link: its entry of
+        ``kv_link_site_addresses``, else :attr:`kv_link_wan_address`."""
+        return (
+            _site_address(self.settings, "kv_link_site_addresses", site) or self.kv_link_wan_address
+        )
+
     @property
     def gateway_port(self) -> int:
         return _port(self.settings, "gateway_port", DEFAULT_GATEWAY_PORT)
+
+
+def _site_address(values: dict[str, Any], key: str, site: str) -> str:
+    """``values[key][site]`` (a ``host:port``), "" when not set; AgentOpsError when malformed."""
+    by_site = values.get(key) or {}
+    if not isinstance(by_site, dict):
+        raise AgentOpsError(f"engine_settings.{key}: an object of site -> host:port")
+    address = by_site.get(site, "")
+    if address and (not isinstance(address, str) or ":" not in address):
+        raise AgentOpsError(f"engine_settings.{key}.{site}: host:port, got {address!r}")
+    return str(address)
 
 
 def _port(values: dict[str, Any], key: str, default: int) -> int:

@@ -129,7 +129,7 @@ def probe_deployment(
             continue
         try:
             result = agentops.probe(
-                target, decode.site, decode.kv_link_wan_address, probe_seconds()
+                target, decode.site, decode.kv_link_wan_address_for(target.site), probe_seconds()
             )
         except Exception as exc:  # a down peer is a gap in the chart and a log line
             log.warning("link probe %s failed: %s", link, exc)

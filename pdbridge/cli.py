@@ -15,7 +15,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "run": (
         "pdbridge.run",
         "main",
-        "the one-command testbed: two sites, a model deployed end to end (--console-only: console)",
+        "the one-command testbed: local + remote site(s), a model deployed end to end (--console-only)",
     ),
     "soak": (
         "pdbridge.soak",

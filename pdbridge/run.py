@@ -59,6 +59,9 @@ def main(argv: list[str]) -> int:
     testbed.add_argument("--netns", action="store_true",
                          help="run the two sites in network namespaces joined by a tbf-shaped "
                               "veth (root, iproute2)")  # fmt: skip
+    testbed.add_argument("--remote-sites", type=int, default=1, metavar="N",
+                         help="remote prefill sites (1-3: remote, remote-b, remote-c), each "
+                              "with its own agent, prefill pool and shaped WAN path")  # fmt: skip
     testbed.add_argument("--var-dir", default=os.environ.get("PDBRIDGE_TESTBED_DIR", "var/testbed"))
     testbed.add_argument("--deploy-timeout", type=float, default=900.0, help="seconds")
     testbed.add_argument("--deploy-retries", type=int, default=1, help="retries of a failed step")
@@ -73,6 +76,10 @@ def main(argv: list[str]) -> int:
         parser.error(f"--wan-latency-ms: must be 0 or more, got {args.wan_latency_ms}")
     if args.netns and (args.console_only or args.check):
         parser.error("--netns: runs the testbed's sites; not with --console-only or --check")
+    if not 1 <= args.remote_sites <= 3:
+        parser.error(f"--remote-sites: 1 to 3 remote prefill sites, got {args.remote_sites}")
+    if args.remote_sites != 1 and (args.console_only or args.check):
+        parser.error("--remote-sites: the testbed's sites; not with --console-only or --check")
     if not (args.console_only or args.check):
         from pdbridge import testbed as testbed_main
 

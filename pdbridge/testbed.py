@@ -6,8 +6,10 @@ loopback — ``local`` (decode agent; the agent later launches the decode engine
 receiver and the gateway) and ``remote`` (prefill agent, whose prefill engine sends KV across
 the "WAN"). The WAN is two userspace proxies in a row on the KV path: the remote agent's fault
 proxy (drills cut or degrade it) and a shaping proxy (``pdbridge kv proxy``: bandwidth and
-latency, default 200 Mbit/s and 10 ms). Then it registers sites, nodes (tokens handed to the
-agents), the link, the model, a demo deployment with a fast rollout plan, runs the deployment
+latency, default 200 Mbit/s and 10 ms). With ``--remote-sites N`` (1-3) there are N remote
+sites (``remote``, ``remote-b``, ``remote-c``), each with its own prefill agent, node, link,
+prefill pool and its own WAN path (fault proxy and shapers): a drill can cut one and keep the
+others. Then it registers sites, nodes (tokens handed to the agents), the links, the model, a demo deployment with a fast rollout plan, runs the deployment
 workflow through its eight steps (the canary of step 8 to 100 %, with demo traffic) and prints
 the console URL, the gateway URL and a ``curl`` line.
 
@@ -164,26 +166,31 @@ def site_cert(pki: dict[str, Path], addresses: list[str]) -> dict[str, Path]:
 
 
 def netns_up(args: Any) -> netns.NamespaceSites:
-    """The two namespace sites of ``--netns`` (NetnsError, a RuntimeError, when impossible);
-    sites left by a killed earlier run in the same state directory are removed first."""
+    """The namespace sites of ``--netns`` (NetnsError, a RuntimeError, when impossible); sites
+    left by a killed earlier run in the same state directory are removed first."""
     netns.check_available()
     record = Path(args.var_dir).resolve() / "netns.json"
     record.parent.mkdir(parents=True, exist_ok=True)
     left = netns.remove_recorded(record)
     if left:
         _say(f"removed namespaces left by an earlier run: {', '.join(left)}")
-    sites = netns.create(rate_mbit=args.wan_mbit)
+    sites = netns.create(rate_mbit=args.wan_mbit, remote_sites=_remote_sites(args))
     sites.record(record)
-    _say(f"network namespaces: {sites.local.namespace} (local, {sites.local.address}), "
-         f"{sites.remote.namespace} (remote, {sites.remote.address}); console side "
-         f"{sites.console_address}; WAN veth shaped to {args.wan_mbit} Mbit/s (tc tbf)")  # fmt: skip
+    named = ", ".join(f"{s.namespace} ({s.name}, {s.address})" for s in sites.all)
+    wans = "WAN veth" if len(sites.remotes) == 1 else f"{len(sites.remotes)} WAN veths"
+    _say(f"network namespaces: {named}; console side {sites.console_address}; "
+         f"{wans} shaped to {args.wan_mbit} Mbit/s (tc tbf)")  # fmt: skip
     return sites
 
 
 def netns_down(sites: netns.NamespaceSites, args: Any) -> None:
     sites.teardown()
     (Path(args.var_dir).resolve() / "netns.json").unlink(missing_ok=True)
-    _say(f"removed namespaces {sites.local.namespace}, {sites.remote.namespace}")
+    _say(f"removed namespaces {', '.join(s.namespace for s in sites.all)}")
+
+
+def _remote_sites(args: Any) -> int:
+    return int(getattr(args, "remote_sites", 1))
 
 
 def _https_answers(url: str, context: ssl.SSLContext) -> bool:
@@ -383,7 +390,11 @@ def bring_up(
     if not port_is_free(console_port, args.host):
         raise RuntimeError(f"--port: {console_port} is taken (pick another, or 0 for any)")
     console_url = f"https://{args.host}:{console_port}"
-    layout = Layout.loopback(args.host) if sites is None else Layout.namespaces(sites)
+    layout = (
+        Layout.loopback(args.host, _remote_sites(args))
+        if sites is None
+        else Layout.namespaces(sites)
+    )
 
     def wrap(site: str, argv: list[str]) -> list[str]:
         return argv if sites is None else sites.wrap(site, argv)
@@ -407,7 +418,7 @@ def bring_up(
     )
     check_stop()
 
-    ports = Ports.choose(pinned_port, args.gateway_port)
+    ports = Ports.choose(pinned_port, args.gateway_port, layout.remotes)
 
     def shaper(listen: str, upstream_port: int) -> list[str]:
         command = [py, "-m", "pdbridge.cli", "kv", "proxy", "--listen", listen, "--upstream",
@@ -424,13 +435,18 @@ def bring_up(
         # veth) adds the latency the kernel cannot (no netem).
         _say(f"WAN: {args.wan_latency_ms} ms from the shaping proxy on the KV path, in front "
              f"of the {args.wan_mbit} Mbit/s veth")  # fmt: skip
-    groups.start(
-        "wan-shaper", wrap("remote", shaper(f"127.0.0.1:{ports.kv_shaped}", ports.kv_receiver))
-    )
-    # The same WAN in front of the kv-link, for step 2's probe (its own proxy: the KV path's
-    # fault proxy is the drills' and stays on the engines' path only).
-    probe_listen = f"{layout.binds['remote']}:{ports.kv_link_wan}"
-    groups.start("wan-shaper-probe", wrap("remote", shaper(probe_listen, ports.kv_link)))
+    if len(layout.remotes) > 1:
+        _say(f"remote sites: {', '.join(layout.remotes)}, each with its own WAN path")
+    for site in layout.remotes:
+        own, tag = ports.site(site), "" if site == "remote" else f"-{site}"
+        groups.start(
+            f"wan-shaper{tag}",
+            wrap(site, shaper(f"127.0.0.1:{own.kv_shaped}", ports.kv_receiver)),
+        )
+        # The same WAN in front of the kv-link, for step 2's probe (its own proxy: the KV
+        # path's fault proxy is the drills' and stays on the engines' path only).
+        probe_listen = f"{layout.binds[site]}:{own.kv_link_wan}"
+        groups.start(f"wan-shaper-probe{tag}", wrap(site, shaper(probe_listen, ports.kv_link)))
 
     rows = register(model, ports, pki, args.wan_mbit, layout, model_weights_sha256(model))
     addresses: dict[str, str] = {}
@@ -472,7 +488,7 @@ def bring_up(
     from django.db import connection
 
     connection.close()
-    namespaces = [] if sites is None else [sites.local.namespace, sites.remote.namespace]
+    namespaces = [] if sites is None else [s.namespace for s in sites.all]
     ready = Endpoints(console_url, gateway_url, str(pki["ca"]), model.served, rows.deployment_id,
                       run_id, addresses, str(var_dir), os.getpid(), namespaces)  # fmt: skip
     _print_ready(ready, password, model)

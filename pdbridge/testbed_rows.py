@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from pdbridge.netns import NamespaceSites
 
 SITES = ("local", "remote")
+#: The remote (prefill) sites' names, in order (``pdbridge run --remote-sites N``: the first N).
+REMOTE_SITES = ("remote", "remote-b", "remote-c")
 
 
 @dataclass(frozen=True)
@@ -100,9 +102,21 @@ DEMO_PARAMS: dict[str, Any] = {
 DEPLOYMENT = "demo"
 
 
+@dataclass(frozen=True)
+class SitePorts:
+    """One remote site's ports: its prefill engine and its own WAN path (fault proxy ->
+    shaper -> the decode engine's receiver; a probe shaper in front of the kv-link)."""
+
+    prefill: int
+    kv_shaped: int  # this site's WAN shaping proxy, in front of the receiver
+    kv_wan: int  # this site's agent's fault proxy, in front of the shaper: prefill dials this
+    kv_link_wan: int  # this site's probe shaper, in front of the kv-link
+
+
 @dataclass
 class Ports:
-    """Ports written into the deployment's pools (below the ephemeral range, probed)."""
+    """Ports written into the deployment's pools (below the ephemeral range, probed). The
+    fields name the first remote site's; ``more`` holds each further remote site's."""
 
     decode: int
     prefill: int
@@ -114,13 +128,24 @@ class Ports:
     # emulated WAN as the KV (prefill sites dial ``kv_host:kv_link_wan``).
     kv_link_wan: int
     gateway: int
+    more: dict[str, SitePorts] = field(default_factory=dict)
 
     @classmethod
-    def choose(cls, pick: Callable[[], int], gateway: int) -> Ports:
+    def choose(
+        cls, pick: Callable[[], int], gateway: int, remote_sites: tuple[str, ...] = ("remote",)
+    ) -> Ports:
         from pdbridge.procgroup import port_is_free
 
         gateway_port = gateway if gateway and port_is_free(gateway) else pick()
-        return cls(pick(), pick(), pick(), pick(), pick(), pick(), pick(), gateway_port)
+        ports = cls(pick(), pick(), pick(), pick(), pick(), pick(), pick(), gateway_port)
+        ports.more = {s: SitePorts(pick(), pick(), pick(), pick()) for s in remote_sites[1:]}
+        return ports
+
+    def site(self, name: str) -> SitePorts:
+        """The ports of remote site ``name``."""
+        if name == REMOTE_SITES[0]:
+            return SitePorts(self.prefill, self.kv_shaped, self.kv_wan, self.kv_link_wan)
+        return self.more[name]
 
 
 @dataclass(frozen=True)
@@ -137,14 +162,25 @@ class Layout:
     # remote agent's proxy too since both sites share the loopback).
     kv_host: str | None = None
 
+    @property
+    def remotes(self) -> tuple[str, ...]:
+        """The remote (prefill) sites, the first one first."""
+        return tuple(s for s in self.hosts if s != "local")
+
     @classmethod
-    def loopback(cls, console_host: str) -> Layout:
-        return cls({s: "localhost" for s in SITES}, {s: "127.0.0.1" for s in SITES}, console_host)
+    def loopback(cls, console_host: str, remote_sites: int = 1) -> Layout:
+        sites = ("local", *REMOTE_SITES[:remote_sites])
+        return cls({s: "localhost" for s in sites}, {s: "127.0.0.1" for s in sites}, console_host)
 
     @classmethod
     def namespaces(cls, sites: NamespaceSites) -> Layout:
-        addresses = {s: sites.site(s).address for s in SITES}
+        addresses = {s.name: s.address for s in sites.all}
         return cls(addresses, addresses, sites.console_address, sites.remote.address)
+
+    def kv_wan_host(self, site: str) -> str:
+        """Where ``site``'s prefill engines (and its probe) reach its own WAN path: its
+        fault proxy and probe shaper (its own address in a namespace; loopback's name)."""
+        return self.binds[site] if self.kv_host else self.hosts["local"]
 
 
 @dataclass
@@ -169,23 +205,31 @@ def register(
     layout: Layout,
     weights_sha256: str,
 ) -> Rows:
-    """Sites ``local`` (decode) and ``remote`` (prefill), their link, one node each (named as
+    """Sites ``local`` (decode) and each of ``layout.remotes`` (prefill: ``remote``, then
+    ``remote-b`` ...), a link from each remote site, one node per site (named as
     ``layout.hosts`` says), the model (with its weights sha256), the ``demo`` deployment with
-    its pools (servers bound to ``layout.binds``) and a fast rollout plan, and a token per
-    node."""
+    its pools (a prefill pool per remote site; servers bound to ``layout.binds``) and a fast
+    rollout plan, and a token per node. With several remote sites the decode pool names each
+    site's own WAN path (``kv_site_addresses``, ``kv_link_site_addresses``): its engines and
+    its probe dial that site's fault proxy and shaper, so cutting one site's leaves the
+    others'."""
     from console.catalog.services import model_create
     from console.deployments.services import deployment_create, pool_create
     from console.inventory.services import link_create, node_create, node_token_issue, site_create
     from console.rollouts.services import rollout_plan_create
 
     local = site_create(actor=None, name="local", role="decode", region="testbed-local")
-    remote = site_create(actor=None, name="remote", role="prefill", region="testbed-remote")
-    link_create(actor=None, from_site=remote, to_site=local, provisioned_mbit_s=int(wan_mbit))
+    remotes = {
+        name: site_create(actor=None, name=name, role="prefill", region=f"testbed-{name}")
+        for name in layout.remotes
+    }
+    for remote in remotes.values():
+        link_create(actor=None, from_site=remote, to_site=local, provisioned_mbit_s=int(wan_mbit))
     nodes = {
         site.name: node_create(
             actor=None, site=site, hostname=layout.hosts[site.name], agent_address="127.0.0.1:1"
         )
-        for site in (local, remote)
+        for site in (local, *remotes.values())
     }
     spec = model_create(actor=None, name=model.served, family="testbed",
                         architecture=model.architecture, parameter_count=model.parameter_count,
@@ -217,6 +261,13 @@ def register(
     kv_host = {"kv_host": layout.kv_host} if layout.kv_host else {}
     if layout.kv_host:  # namespace sites: engines bind the site address, HTTP on private veths
         common["http_insecure"] = True
+    if len(layout.remotes) > 1:  # each remote site's own WAN path (docs/testbed.md)
+        kv_host["kv_site_addresses"] = {
+            s: f"{layout.kv_wan_host(s)}:{ports.site(s).kv_wan}" for s in layout.remotes
+        }
+        kv_host["kv_link_site_addresses"] = {
+            s: f"{layout.kv_wan_host(s)}:{ports.site(s).kv_link_wan}" for s in layout.remotes
+        }
     pool_create(
         actor=None, deployment=dep, role="decode", site=local, nodes=[nodes["local"]],
         engine_settings={**common, "host": layout.binds["local"], "port": ports.decode,
@@ -225,10 +276,11 @@ def register(
                          "kv_link_port": ports.kv_link, "kv_link_wan_port": ports.kv_link_wan,
                          "gateway_port": ports.gateway},
     )  # fmt: skip
-    pool_create(
-        actor=None, deployment=dep, role="prefill", site=remote, nodes=[nodes["remote"]],
-        engine_settings={**common, "host": layout.binds["remote"], "port": ports.prefill},
-    )  # fmt: skip
+    for name, remote in remotes.items():
+        pool_create(
+            actor=None, deployment=dep, role="prefill", site=remote, nodes=[nodes[name]],
+            engine_settings={**common, "host": layout.binds[name], "port": ports.site(name).prefill},
+        )  # fmt: skip
     rollout_plan_create(
         actor=None,
         name="demo-fast",
@@ -261,20 +313,17 @@ def agent_config(
     ports: Ports,
     layout: Layout,
 ) -> dict[str, Any]:
-    """A site's agent: mTLS (only the controller may call it), heartbeats to the console; the
-    remote site's agent runs the fault proxy in front of the WAN shaper on the KV path (the
-    shaper listens on the remote site's loopback, in its namespace with ``--netns``)."""
+    """A site's agent: mTLS (only the controller may call it), heartbeats to the console; a
+    remote site's agent runs that site's fault proxy in front of its WAN shaper on the KV path
+    (the shaper listens on the site's loopback, in its namespace with ``--netns``)."""
     bind = layout.binds[site]
-    proxies = (
-        {
-            "local": {
-                "listen": f"{bind}:{ports.kv_wan}",
-                "upstream": f"127.0.0.1:{ports.kv_shaped}",
-            }
+    proxies = {}
+    if site != "local":
+        own = ports.site(site)
+        proxies["local"] = {
+            "listen": f"{bind}:{own.kv_wan}",
+            "upstream": f"127.0.0.1:{own.kv_shaped}",
         }
-        if site == "remote"
-        else {}
-    )
     return {
         "node": {"name": layout.hosts[site], "site": site},
         "listen": f"{bind}:0",

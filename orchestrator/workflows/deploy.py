@@ -135,7 +135,9 @@ def wan_baseline(ctx: StepContext) -> StepResult:
     probes = []
     for target in agentops.targets(config, "prefill"):
         try:
-            result = agentops.probe(target, decode.site, decode.kv_link_wan_address, seconds)
+            result = agentops.probe(
+                target, decode.site, decode.kv_link_wan_address_for(target.site), seconds
+            )
         except Exception as exc:
             again = probe_retry(ctx.evidence, exc)
             if again is None:
@@ -422,7 +424,7 @@ def verification(ctx: StepContext) -> StepResult:
                 model=_served_model(target),
                 lengths=lengths,
                 max_tokens=int(ctx.params.get("verify_max_tokens", 8)),
-                kv_destination=decode.kv_address,
+                kv_destination=decode.kv_address_for(target.site),
                 deadline_s=float(ctx.params.get("verify_deadline_s", 30)),
                 kv_mode=deployment.kv_mode,
             )
