@@ -14,7 +14,10 @@ A trace is a JSON object::
 ``started_at`` is the gateway's wall clock when the request arrived; every ``*_ms`` is
 milliseconds after it on the gateway's monotonic clock, so a trace is internally consistent
 whatever the clocks of the engines' nodes say. Legs (:data:`LEGS`) carry ``site`` and
-``instance`` (the engine's node hostname) where one served them.
+``instance`` (the engine's node hostname) where one served them. ``local_prefill`` (added
+with the local prefill pool): on a local request of a deployment that has one, ``served`` or
+why the decode engine prefilled it itself (``local_prefill_unavailable`` or the failed
+attempt's cause, that attempt in ``attempts``); null otherwise.
 """
 
 from __future__ import annotations

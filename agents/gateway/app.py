@@ -289,7 +289,9 @@ class Gateway(Endpoints, RemotePath):
     ) -> web.StreamResponse | None:
         """Serve on ``path``: the remote legs, or one local leg (``local``/``fallback``) --
         sent again to another decode instance (``decode_retries``) when it failed at its
-        instance before any byte reached the client. ``exclude``: instances not to use.
+        instance before any byte reached the client. ``exclude``: instances not to use. A
+        ``local`` request of a deployment with a local prefill pool goes through it first
+        (:meth:`RemotePath._local_legs`); the one local leg serves it when that cannot.
         Raises :class:`Fallback` from the remote path before anything reached the client."""
         request_id, kind, config = call.request_id, call.kind, call.config
         pool = config.decode.name
@@ -305,8 +307,25 @@ class Gateway(Endpoints, RemotePath):
                     call.decision.site or "", "failover" if call.failover else "first"
                 )
             else:
+                served = None
+                if path == "local" and self.router.local_prefill_in_rotation(config):
+                    try:
+                        served = await self._local_legs(call, decode)
+                    except Fallback as skipped:
+                        # The decode engine prefills it itself; on another instance when
+                        # this one failed the decode leg.
+                        exclude |= skipped.exclude
+                        again = (
+                            self.router.pick_decode(config, exclude)
+                            if decode.url in exclude
+                            else None
+                        )
+                        if again is not None:
+                            self.router.end(decode.url)
+                            decode = again
+                            self.router.begin(decode.url)
                 tried, retries = set(exclude), self.settings.decode_retries
-                while True:
+                while served is None:
                     if call.trace is not None:
                         call.trace.decode_instance = decode.name
                         call.trace.mark("decode_sent")
@@ -349,6 +368,8 @@ class Gateway(Endpoints, RemotePath):
                         self.router.end(decode.url)
                         decode = again
                         self.router.begin(decode.url)
+                if served is not None:
+                    upstream, first = served
             result = await relay(call.client, upstream, first, route_headers(call, path))
             outcome = "ok" if result.ok else "upstream_error"
             ttft = result.first_at - call.arrived

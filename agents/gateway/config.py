@@ -11,6 +11,11 @@ the gateway additionally reads, when present, ``engine_url`` (the engine's HTTP 
 uses ``http://<hostname>:<engine_settings.port or 8000>`` and
 ``<engine_settings.kv_host or hostname>:<engine_settings.kv_port or 7100>`` from the pool's
 ``engine_settings``.
+
+Local prefill pool. ``pools.prefill`` lists every prefill pool, including one at the decode
+site (the local PD cluster that long-timescale rebalancing grows and shrinks). That one is not
+a remote site: it is :attr:`DeploymentConfig.local_prefill`, and :attr:`DeploymentConfig.prefill`
+holds the remote sites only (see docs/gateway.md, "The local prefill pool").
 """
 
 from __future__ import annotations
@@ -86,6 +91,8 @@ class DeploymentConfig:
     latency_p99_limit_ms: float
     kv_timeout_ms: float
     decode: Site
+    #: The remote prefill sites: every ``pools.prefill`` entry at a site other than the
+    #: decode pool's (the candidates of the site choice and of failover).
     prefill: tuple[Site, ...]
     links: Mapping[str, Link]
     raw: Mapping[str, Any] = field(repr=False, compare=False)
@@ -95,6 +102,10 @@ class DeploymentConfig:
     #: Characters per token of this model's tokenizer (``model.engine_settings.
     #: chars_per_token``: 1 for a byte-level tokenizer); None: the gateway's setting.
     chars_per_token: float | None = None
+    #: The prefill pool at the decode site (``pools.prefill`` entry whose ``site`` is the
+    #: decode pool's), None without one: never a remote site; the local path sends a prefill
+    #: leg to it (docs/gateway.md, "The local prefill pool").
+    local_prefill: Site | None = None
 
 
 def _get(data: Mapping[str, Any], key: str, where: str) -> Any:
@@ -209,6 +220,13 @@ def parse_snapshot(data: Any) -> DeploymentConfig:
     prefill = _get(pools, "prefill", "pools")
     if not isinstance(prefill, list):
         raise ConfigError("pools.prefill: must be a list")
+    pools_prefill = [_site(p, f"pools.prefill[{i}]", decode=False) for i, p in enumerate(prefill)]
+    seen: set[str] = set()
+    for i, pool in enumerate(pools_prefill):
+        if pool.name in seen:  # the console allows one pool per role and site
+            raise ConfigError(f"pools.prefill[{i}].site: {pool.name!r} has a prefill pool already")
+        seen.add(pool.name)
+    local = [s for s in pools_prefill if s.name == decode.name]
     max_len = model_settings.get("max_model_len")
     kv_bpt = model_settings.get("kv_bytes_per_token")
     cpt = model_settings.get("chars_per_token")
@@ -251,7 +269,8 @@ def parse_snapshot(data: Any) -> DeploymentConfig:
         kv_timeout_ms=_number(kv.get("timeout_ms", 4000), "kv_transfer.timeout_ms", 0),
         kv_mode=_one_of(kv.get("mode", "push"), KV_MODES, "kv_transfer.mode"),
         decode=decode,
-        prefill=tuple(_site(p, f"pools.prefill[{i}]", decode=False) for i, p in enumerate(prefill)),
+        prefill=tuple(s for s in pools_prefill if s.name != decode.name),
+        local_prefill=local[0] if local else None,
         links=links,
         raw=data,
     )

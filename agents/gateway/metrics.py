@@ -21,6 +21,22 @@ if TYPE_CHECKING:
 
 OUTCOMES = ("ok", "client_error", "upstream_error", "rejected", "canceled")
 
+#: A local request the decode engine prefilled itself because the local prefill pool had no
+#: instance available (docs/gateway.md, "The local prefill pool").
+LOCAL_PREFILL_UNAVAILABLE = "local_prefill_unavailable"
+#: Why a local request was not served through the local prefill pool: no instance, or the
+#: cause of its failed legs (a failed leg's cause outside these counts as ``prefill_error``).
+LOCAL_PREFILL_SKIPS = (
+    LOCAL_PREFILL_UNAVAILABLE,
+    "prefill_error",
+    "prefill_timeout",
+    "kv_transfer",
+    "kv_import_refused",
+    "kv_peer_refused",
+    "kv_timeout",
+    "decode_error",
+)
+
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 )  # fmt: skip
@@ -186,6 +202,16 @@ class GatewayMetrics:
             "prompt tokens of streamed requests near the threshold (the re-tuner's input; "
             "absent until both are measured).", registry=r,
         )  # fmt: skip
+        self.local_prefill_served = Counter(
+            "pdbridge_gateway_local_prefill_served", "Local requests whose decode leg got its "
+            "KV from an instance of the local prefill pool.", registry=r,
+        )  # fmt: skip
+        self.local_prefill_skips = Counter(
+            "pdbridge_gateway_local_prefill_skipped", "Local requests the decode engine "
+            "prefilled itself although the deployment has a local prefill pool, by cause "
+            "(local_prefill_unavailable: no instance available; else the failed legs' cause).",
+            ["cause"], registry=r,
+        )  # fmt: skip
         self.admission_queued = Gauge(
             "pdbridge_gateway_admission_queued", "Requests waiting for admission.", registry=r
         )
@@ -203,6 +229,7 @@ class GatewayMetrics:
         self._e2e = {p: self.e2e.labels(p) for p in PATHS}
         self._inflight = {p: self.inflight.labels(p) for p in PATHS}
         self._failovers: dict[tuple[str, str, str], Any] = {}
+        self._local_skips = {c: self.local_prefill_skips.labels(c) for c in LOCAL_PREFILL_SKIPS}
         self._served: dict[tuple[str, str], Any] = {}
 
     def failover(self, from_site: str, to_site: str, cause: str) -> None:
@@ -213,6 +240,10 @@ class GatewayMetrics:
         if child is None:
             child = self._failovers[key] = self.failovers.labels(*key)
         child.inc()
+
+    def local_prefill_skipped(self, cause: str) -> None:
+        """A local request is served by the decode engine's own prefill (``cause``)."""
+        self._local_skips.get(cause, self._local_skips["prefill_error"]).inc()
 
     def remote_served(self, site: str, attempt: str) -> None:
         """A remote request got its KV from ``site`` (``attempt``: one of ATTEMPTS)."""

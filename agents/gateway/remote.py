@@ -1,7 +1,9 @@
 """The remote path: the prefill and decode legs of one attempt at a remote site
 (:meth:`RemotePath._remote_legs`) and the request around them (:meth:`RemotePath._remote`):
 a prefill leg failing before any KV reached the decode engine (``FAILOVER_CAUSES``) is sent
-again, once, to the next-best site with a fresh transfer id before local fallback.
+again, once, to the next-best site with a fresh transfer id before local fallback. The same
+two legs serve the local path through the deployment's local prefill pool
+(:meth:`RemotePath._local_legs`, docs/gateway.md "The local prefill pool").
 
 A mixin of :class:`agents.gateway.app.Gateway`, called from its request handling on the
 event loop; failures surface as :class:`~agents.gateway.outcomes.Fallback` (served by local
@@ -21,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from agents.gateway.causes import kv_cause, prefill_cause
 from agents.gateway.config import DeploymentConfig, GatewaySettings, Instance
 from agents.gateway.decision import Decision
-from agents.gateway.metrics import GatewayMetrics
+from agents.gateway.metrics import LOCAL_PREFILL_UNAVAILABLE, GatewayMetrics
 from agents.gateway.openai import Kind, ParsedRequest
 from agents.gateway.outcomes import (
     Fallback,
@@ -158,9 +160,48 @@ class RemotePath:
             if call.trace is not None:
                 call.trace.failover = call.failover
 
-    async def _remote_legs(self, call: Call, decode: Instance) -> tuple[LegResponse, bytes]:
-        """Send the prefill and decode legs concurrently to ``call.decision.site``; return the
-        decode leg and its first bytes, or raise :class:`Fallback`. Both legs are cancelled on
+    async def _local_legs(self, call: Call, decode: Instance) -> tuple[LegResponse, bytes]:
+        """Serve a local request through the local prefill pool: its prefill leg to the
+        least-loaded available instance of the pool, the decode leg to ``decode`` (the same two
+        legs as remote, at the decode site: no site breaker, no link accounting). The prefill
+        leg waits ``prefill_site_timeout_fraction`` of the TTFT budget, as a remote leg that
+        can still fail over: the decode engine can always prefill the request itself.
+
+        Raises :class:`Fallback` when the decode engine is to prefill it itself --
+        ``local_prefill_unavailable`` (no instance available) or the failed legs' cause --,
+        counted in ``pdbridge_gateway_local_prefill_skipped_total`` and the trace's
+        ``local_prefill``; never against the fallback budget (the request was local anyway).
+        Raises :class:`Rejected` when an engine refused the request itself."""
+        settings, config, trace = self.settings, call.config, call.trace
+        prefill = self.router.acquire_local_prefill(config)
+        if prefill is None:
+            self.metrics.local_prefill_skipped(LOCAL_PREFILL_UNAVAILABLE)
+            if trace is not None:
+                trace.local_prefill = LOCAL_PREFILL_UNAVAILABLE
+            raise Fallback(LOCAL_PREFILL_UNAVAILABLE)
+        timeout = ttft_budget_s(settings, config) * settings.prefill_site_timeout_fraction
+        call = dataclasses.replace(call, prefill_timeout_s=timeout)
+        try:
+            served = await self._remote_legs(call, decode, prefill)
+        except Fallback as skipped:
+            self.metrics.local_prefill_skipped(skipped.cause)
+            if trace is not None:
+                if "prefill_sent" in trace.marks:
+                    trace.attempt_failed(skipped.cause)
+                trace.local_prefill = skipped.cause
+            raise
+        self.metrics.local_prefill_served.inc()
+        if trace is not None:
+            trace.local_prefill = "served"
+        return served
+
+    async def _remote_legs(
+        self, call: Call, decode: Instance, local_prefill: Instance | None = None
+    ) -> tuple[LegResponse, bytes]:
+        """Send the prefill and decode legs concurrently to ``call.decision.site`` -- or, with
+        ``local_prefill`` (an instance of the local prefill pool the caller reserved), to that
+        instance at the decode site, without site breaker, link accounting or site latency;
+        return the decode leg and its first bytes, or raise :class:`Fallback`. Both legs are cancelled on
         any exit but success (a leg failed over is abandoned with its transfer id: the next
         attempt gets a fresh one, so KV of this one that still reaches the decode engine
         matches no request there). The prefill leg waits ``call.prefill_timeout_s``.
@@ -171,10 +212,14 @@ class RemotePath:
         for a reason of its own after a good prefill; none when the client went away."""
         kind, body, config, request_id = call.kind, call.body, call.config, call.request_id
         decision = call.decision
-        site = decision.site or ""
-        prefill = self.router.acquire_prefill(config, site)
-        if prefill is None:
-            raise Fallback("breaker_open")
+        if local_prefill is not None:
+            site, prefill = config.decode.name, local_prefill
+        else:
+            site = decision.site or ""
+            acquired = self.router.acquire_prefill(config, site)
+            if acquired is None:
+                raise Fallback("breaker_open")
+            prefill = acquired
         pull = config.kv_mode == "pull"
         decode_url = f"{decode.url}{ROUTES[kind]}"
         trace = call.trace
@@ -191,7 +236,11 @@ class RemotePath:
             )
         # Counted against the link now (requests routed meanwhile see it); given back unless
         # the prefill leg went through (a refused or failed leg sent no KV).
-        link_entry = self.router.note_remote_tokens(site, decision.incremental_tokens)
+        link_entry = (
+            None
+            if local_prefill is not None
+            else self.router.note_remote_tokens(site, decision.incremental_tokens)
+        )
         self.router.begin(prefill.url, site)
         started = time.monotonic()
         if trace is not None:
@@ -310,9 +359,15 @@ class RemotePath:
             verdict = True
             success = True
             # The success line that joins this request to its transfer on both engines' and
-            # the KV link's logs (the request id is added by the log formatter).
-            log.info(
-                "gateway.remote_served",
+            # the KV link's logs (the request id is added by the log formatter); a local one
+            # at DEBUG (the hot path's requests; their trace has the same).
+            served_as = (
+                (logging.DEBUG, "gateway.local_prefill_served")
+                if local_prefill is not None
+                else (logging.INFO, "gateway.remote_served")
+            )
+            log.log(
+                *served_as,
                 extra={
                     "site": site,
                     "prefill": prefill.name,
@@ -355,7 +410,7 @@ class RemotePath:
             self.router.record_prefill(
                 site, prefill, verdict, latency, "remote_leg", instance_fault=at_instance
             )
-            if verdict is not None:
+            if verdict is not None and local_prefill is None:
                 # The site score's latency: a success its TTFT, a failure at least the
                 # site timeout (the site gave no first token within it).
                 site_timeout = min(

@@ -1,6 +1,7 @@
 """The router: live per-site state around the pure decision core.
 
-Holds the current snapshot, the breakers (one per remote site, one per remote instance), the
+Holds the current snapshot, the breakers (one per remote site, one per prefill instance --
+remote or of the local prefill pool, which is never a remote site), the
 threshold tuner, the per-site load signals (queue depth scraped from engine metrics plus the
 gateway's own in-flight legs), the link-utilisation estimate (prompt tokens routed to a
 site in the last ``utilization_window_s`` x KV bytes per token, against the link's
@@ -98,9 +99,19 @@ class Router:
                 )
                 ib.settings = breaker_settings
                 instances[inst.url] = ib
+        # The local prefill pool: instance breakers and pool health as a remote site's, but no
+        # site breaker, load signals or link (it is not a remote site).
+        local = () if config.local_prefill is None else (config.local_prefill,)
+        for inst in (i for site in local for i in site.instances):
+            ib = self.instance_breakers.get(inst.url) or CircuitBreaker(
+                inst.url, breaker_settings, self.clock
+            )
+            ib.settings = breaker_settings
+            instances[inst.url] = ib
         pools: dict[tuple[str, str], PoolHealth] = {}
         health = self.settings.health()
-        for role, site in [("decode", config.decode)] + [("prefill", s) for s in config.prefill]:
+        prefill_pools = [("prefill", s) for s in (*config.prefill, *local)]
+        for role, site in [("decode", config.decode), *prefill_pools]:
             pool = PoolHealth(
                 role,
                 site.name,
@@ -282,6 +293,33 @@ class Router:
             if self.instance_breakers[inst.url].try_acquire():
                 return inst
         self.site_breakers[site_name].release()
+        return None
+
+    def local_prefill_in_rotation(self, config: DeploymentConfig) -> bool:
+        """Whether ``config`` has a local prefill pool with an instance not drained (a pool
+        that is empty or drained by plan is as if there were none)."""
+        site = config.local_prefill
+        pool = None if site is None else self.pools.get(("prefill", site.name))
+        return pool is not None and bool(pool.in_rotation())
+
+    def acquire_local_prefill(self, config: DeploymentConfig) -> Instance | None:
+        """Reserve the local prefill pool's least-loaded available instance whose breaker
+        allows a request; None when there is none (the decode engine prefills itself)."""
+        site = config.local_prefill
+        pool = None if site is None else self.pools.get(("prefill", site.name))
+        if site is None or pool is None:
+            return None
+        candidates = sorted(
+            (
+                i
+                for i in site.instances
+                if self.instance_breakers[i.url].allows() and pool.available(i.url)
+            ),
+            key=lambda i: self.instance_inflight.get(i.url, 0),
+        )
+        for inst in candidates:
+            if self.instance_breakers[inst.url].try_acquire():
+                return inst
         return None
 
     def record_prefill(
@@ -475,8 +513,34 @@ class Router:
                 }
                 for site in config.prefill
             ],
+            "local_prefill": self._local_prefill_doc(config),
             "decode": _site_doc(config.decode, self.instance_inflight),
             "pools": [pool.snapshot() for pool in self.pools.values()],
+        }
+
+    def _local_prefill_doc(self, config: DeploymentConfig) -> dict[str, Any] | None:
+        """The local prefill pool in ``/debug/routing`` (None without one)."""
+        site = config.local_prefill
+        if site is None:
+            return None
+        pool = self.pools[("prefill", site.name)]
+        return {
+            "site": site.name,
+            "available": any(
+                self.instance_breakers[i.url].allows() and pool.available(i.url)
+                for i in site.instances
+            ),
+            "instances": [
+                {
+                    "name": inst.name,
+                    "url": inst.url,
+                    "drained": inst.drained,
+                    "available": pool.available(inst.url),
+                    "inflight": self.instance_inflight.get(inst.url, 0),
+                    "breaker": self.instance_breakers[inst.url].snapshot(),
+                }
+                for inst in site.instances
+            ],
         }
 
 

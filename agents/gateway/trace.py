@@ -51,6 +51,9 @@ class Trace:
     decode_instance: str | None = None
     transfer_id: str | None = None
     fallback_cause: str | None = None
+    #: A local request of a deployment with a local prefill pool: ``served`` (its KV came
+    #: from the pool), else why the decode engine prefilled it itself.
+    local_prefill: str | None = None
     failover: tuple[str, str] | None = None
     prompt_tokens: int | None = None
     marks: dict[str, float] = field(default_factory=dict)
@@ -153,6 +156,7 @@ class Trace:
             "site": self.site if self.path == "remote" else None,
             "transfer_id": self.transfer_id,
             "fallback_cause": self.fallback_cause,
+            "local_prefill": self.local_prefill,
             "failover": failover,
             "prompt_tokens": self.prompt_tokens,
             "kv": dict(self.kv),
@@ -198,6 +202,7 @@ class TraceRing:
         notable = (
             trace.path == "fallback"
             or trace.failover is not None
+            or bool(trace.attempts)  # a local prefill leg that failed
             or trace.outcome in ("upstream_error", "rejected")
         )
         if not notable and (self.sample_rate <= 0 or random.random() >= self.sample_rate):  # noqa: S311 - sampling, not security

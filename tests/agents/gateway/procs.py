@@ -158,7 +158,7 @@ def metric(text: str, name: str, **labels: str) -> float:
     """The sum of the samples of ``name`` whose labels include ``labels``."""
     total = 0.0
     for line in text.splitlines():
-        if not line.startswith(name + "{"):
+        if not line.startswith((name + "{", name + " ")):  # labelled, or a family without
             continue
         head, value = line.rsplit(" ", 1)
         if all(f'{k}="{v}"' in head for k, v in labels.items()):

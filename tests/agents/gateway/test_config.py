@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 
 from agents.gateway.config import (
@@ -187,4 +189,32 @@ def test_snapshot_without_decode_pool_is_refused():
     data["pools"]["decode"] = None
 
     with pytest.raises(ConfigError, match=r"^pools\.decode: must be an object"):
+        parse_snapshot(data)
+
+
+def test_a_prefill_pool_at_the_decode_site_is_the_local_prefill_pool_not_a_remote_site():
+    data = snapshot(prefill_sites={"remote": ("http://r1",), "local": ("http://l1", "http://l2")})
+
+    config = parse_snapshot(data)
+
+    assert [site.name for site in config.prefill] == ["remote"]
+    assert config.local_prefill is not None
+    assert config.local_prefill.name == "local"
+    assert [i.url for i in config.local_prefill.instances] == ["http://l1", "http://l2"]
+
+
+def test_without_a_pool_at_the_decode_site_there_is_no_local_prefill_pool():
+    config = parse_snapshot(
+        snapshot(prefill_sites={"east": ("http://e1",), "west": ("http://w1",)})
+    )
+
+    assert [site.name for site in config.prefill] == ["east", "west"]
+    assert config.local_prefill is None
+
+
+def test_two_prefill_pools_at_one_site_are_refused():
+    data = snapshot(prefill_sites={"remote": ("http://r1",)})
+    data["pools"]["prefill"].append(copy.deepcopy(data["pools"]["prefill"][0]))
+
+    with pytest.raises(ConfigError, match=r"^pools\.prefill\[1\]\.site: 'remote' has a prefill"):
         parse_snapshot(data)

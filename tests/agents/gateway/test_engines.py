@@ -20,6 +20,7 @@ import pytest
 from agents.engines.verify import compare, make_prompt
 from tests.agents.engines.conftest import EngineProc, start_engine
 from tests.agents.gateway.harness import FAST, serving
+from tests.agents.gateway.procs import metric
 from tests.agents.gateway.snapshots import snapshot
 from tests.support import subprocess_env
 
@@ -177,6 +178,42 @@ def test_remote_local_and_fallback_outputs_are_identical(engines, stream):
     ):
         assert compare(local, remote) == (True, 10, 10, None)
         assert compare(local, fallback) == (True, 10, 10, None)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_local_prefill_pool_outputs_are_identical_to_the_decode_engines_own(engines, stream):
+    """The prefill engine as the deployment's local prefill pool (at the decode site): short
+    prompts are prefilled there and decoded from its KV, token- and logits-identical to the
+    decode engine prefilling them itself."""
+    prefill, decode, spool, _ = engines
+    bodies = [
+        {"model": "tiny", "prompt": make_prompt(n, seed=4), "max_tokens": 10,
+         "temperature": 0, "ignore_eos": True, "stream": stream}
+        for n in (20, 50)
+    ]  # fmt: skip
+    pooled = _snapshot(decode, prefill.url, spool)
+    pooled["pools"]["prefill"][0]["site"] = "local"
+    pooled["links"] = []
+
+    async def scenario():
+        out = {}
+        for name, data in (("plain", _snapshot(decode, prefill.url, spool)), ("pooled", pooled)):
+            async with serving(data, SETTINGS) as (running, client, url):
+                out[name] = [await _completion(client, url, b) for b in bodies]
+                async with client.get(url + "/metrics") as r:
+                    out[name + "_metrics"] = await r.text()
+                out[name + "_traces"] = [t.to_json() for t in running.gateway.traces.recent(2)]
+        return out
+
+    out = asyncio.run(scenario())
+
+    assert [(s, p) for s, p, _ in out["plain"] + out["pooled"]] == [(200, "local")] * 4
+    for (_, _, plain), (_, _, pooled_doc) in zip(out["plain"], out["pooled"], strict=True):
+        assert compare(plain, pooled_doc) == (True, 10, 10, None)
+    assert metric(out["pooled_metrics"], "pdbridge_gateway_local_prefill_served_total") == 2
+    assert metric(out["plain_metrics"], "pdbridge_gateway_local_prefill_served_total") == 0
+    assert [t["local_prefill"] for t in out["pooled_traces"]] == ["served"] * 2
+    assert [t["local_prefill"] for t in out["plain_traces"]] == [None] * 2
 
 
 def test_short_prompt_stays_local_with_real_engines(engines):

@@ -314,3 +314,67 @@ def test_an_ejected_prefill_instance_opens_its_own_breaker_not_the_sites():
     assert router.site_breakers["a"].state == "closed"
     assert router.site_breakers["a"].snapshot()["window_requests"] == 0
     assert {router.acquire_prefill(config, "a").url for _ in range(4)} == {"http://a2"}
+
+
+def _router_with_local_pool():
+    """Sites a (100 Mbit/s) and b (50 Mbit/s) and a prefill pool at the decode site ("local")
+    with no link: once scored at a notional 1,000 Mbit/s, it would have won every time."""
+    clock = Clock(100.0)
+    router = Router(SETTINGS, clock)
+    data = snapshot(
+        prefill_sites={
+            "a": ("http://a1",),
+            "b": ("http://b1",),
+            "local": ("http://l1", "http://l2"),
+        }
+    )
+    data["links"] = [link for link in data["links"] if link["from_site"] != "local"]
+    data["links"][0]["provisioned_mbit_s"] = 100
+    data["links"][1]["provisioned_mbit_s"] = 50
+    router.apply(parse_snapshot(data))
+    return router, clock
+
+
+def test_the_local_prefill_pool_is_never_a_remote_site_nor_failed_over_to():
+    router, _ = _router_with_local_pool()
+    config = router.config
+
+    assert [v.name for v in router.site_views(config)] == ["a", "b"]
+    assert router.decide(config, "k", 5000).site == "a"
+    assert router.next_site(config, frozenset({"a"})) == "b"
+    assert router.next_site(config, frozenset({"a", "b"})) is None
+    assert set(router.site_breakers) == {"a", "b"}
+    assert set(router.stats) == {"a", "b"}
+    assert router.note_remote_tokens("local", 1000) is None
+    debug = router.debug()
+    assert [s["site"] for s in debug["sites"]] == ["a", "b"]
+    assert debug["local_prefill"]["site"] == "local"
+    assert [i["url"] for i in debug["local_prefill"]["instances"]] == ["http://l1", "http://l2"]
+
+
+def test_local_prefill_instances_have_breakers_and_pool_health_as_remote_ones():
+    router, _ = _router_with_local_pool()
+    config = router.config
+    l1, l2 = config.local_prefill.instances
+
+    assert ("prefill", "local") in router.pools
+    assert router.acquire_local_prefill(config) == l1
+    router.record_prefill("local", l1, False, 0.1, "test")
+    router.acquire_local_prefill(config)
+    router.record_prefill("local", l1, False, 0.1, "test")  # consecutive_failures=2: open
+
+    assert router.instance_breakers[l1.url].state == "open"
+    assert router.acquire_local_prefill(config) == l2
+    router.pools[("prefill", "local")].probe(l2.url, False)
+    router.pools[("prefill", "local")].probe(l2.url, False)  # unhealthy
+    assert router.acquire_local_prefill(config) is None
+    assert router.local_prefill_in_rotation(config) is True
+    assert router.debug()["local_prefill"]["available"] is False
+
+
+def test_without_a_local_prefill_pool_nothing_is_acquired_or_shown():
+    router, _ = make_router()
+
+    assert router.acquire_local_prefill(router.config) is None
+    assert router.local_prefill_in_rotation(router.config) is False
+    assert router.debug()["local_prefill"] is None
