@@ -4,7 +4,8 @@ Sends a bounded number of completions (``--requests``) or sends for a bounded ti
 (``--duration-s``), closed-loop at ``--concurrency`` callers or open-loop at ``--rate`` requests
 per second (never more than ``--concurrency`` in flight), with prompt lengths drawn from a seeded,
 truncated log-normal mix and greedy decoding. Each request becomes one JSON line: start time
-(epoch seconds), the path that served it (``x-pdbridge-path``), HTTP status, outcome, TTFT,
+(epoch seconds), the path that served it (``x-pdbridge-path``) and, for a remote answer, the
+prefill site (``x-pdbridge-prefill-site``) and the site failed over from, HTTP status, outcome, TTFT,
 total time and token counts; a summary (requests by path and outcome, TTFT quantiles) ends the
 run.
 
@@ -33,7 +34,7 @@ from typing import IO, Any
 import aiohttp
 
 from agents.engines.verify import make_prompt
-from pdproto.http import PATH_HEADER
+from pdproto.http import FAILOVER_FROM_HEADER, PATH_HEADER, SITE_HEADER
 from pdproto.loadmix import DEFAULT_MIX_TEXT, Component, parse_mix
 
 #: outcome of one request: ``ok``; ``http_error`` (status not 200); ``stream_error`` (an error
@@ -112,6 +113,8 @@ class Record:
     prompt_tokens: int
     status: int = 0
     path: str = ""
+    site: str = ""  # the prefill site of a remote answer (x-pdbridge-prefill-site)
+    failover_from: str = ""  # the site its first prefill leg failed at (x-pdbridge-failover-from)
     outcome: str = "client_error"
     ttft_s: float | None = None
     total_s: float | None = None
@@ -166,6 +169,8 @@ async def send_one(
     try:
         async with session.post(profile.url + "/v1/completions", json=body) as resp:
             rec.status, rec.path = resp.status, resp.headers.get(PATH_HEADER, "")
+            rec.site = resp.headers.get(SITE_HEADER, "")
+            rec.failover_from = resp.headers.get(FAILOVER_FROM_HEADER, "")
             if resp.status != 200:
                 rec.outcome, rec.error = "http_error", (await resp.text())[:300]
             elif profile.stream:
@@ -251,9 +256,12 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     (dicts, as read back from the file)."""
     by_path: dict[str, int] = {}
     by_outcome: dict[str, int] = {}
+    by_site: dict[str, int] = {}
     for rec in records:
         by_path[rec["path"] or "none"] = by_path.get(rec["path"] or "none", 0) + 1
         by_outcome[rec["outcome"]] = by_outcome.get(rec["outcome"], 0) + 1
+        if rec.get("site"):
+            by_site[rec["site"]] = by_site.get(rec["site"], 0) + 1
     ttfts = [r["ttft_s"] for r in records if r["outcome"] == "ok" and r["ttft_s"] is not None]
     first = min((r["start"] for r in records), default=0.0)
     last = max((r["start"] + (r["total_s"] or 0) for r in records), default=0.0)
@@ -263,6 +271,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "failed": sum(1 for r in records if r["outcome"] != "ok"),
         "by_path": by_path,
         "by_outcome": by_outcome,
+        "by_site": by_site,
         "ttft_p50_s": _round(quantile(ttfts, 0.5)),
         "ttft_p99_s": _round(quantile(ttfts, 0.99)),
         "completion_tokens": tokens,

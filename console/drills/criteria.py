@@ -1,6 +1,10 @@
 """A drill's pass/fail criteria: defaults, validation and evaluation against measured figures.
 Pure functions, called by the services (validation when a drill is written, evaluation when
-its report step records the figures)."""
+its report step records the figures).
+
+A drill of one prefill site (``Drill.site``) expects the gateway to fail that site's traffic
+over to the other sites, not to fall back to local prefill: its defaults
+(:data:`SITE_DEFAULTS`) drop ``require_fallback`` and ask for ``require_failover``."""
 
 from __future__ import annotations
 
@@ -13,11 +17,22 @@ DEFAULTS: dict[str, Any] = {
     "max_failed_requests": 0,  # client requests that did not get a complete answer
     "max_time_to_detect_s": None,  # fault -> first fallback answer
     "max_time_to_recover_s": 60.0,  # restore -> first remote answer
+    "max_fallback_requests": None,  # fallback answers among requests sent during the fault
     "require_fallback": True,  # the fault window was served by the fallback path
+    "require_failover": False,  # a one-site drill: other sites served remote answers meanwhile
     "require_breaker_open": True,  # the gateway's breaker ejected the remote site
     "require_recovery": True,  # traffic returned to the remote path after restore
     "require_verification": True,  # sample outputs match local runs token for token
 }
+
+
+#: What changes for a drill of one prefill site (the others keep serving remote).
+SITE_DEFAULTS: dict[str, Any] = {"require_fallback": False, "require_failover": True}
+
+
+def criteria_defaults(site: str = "") -> dict[str, Any]:
+    """The defaults of a drill of every prefill site (``site`` empty) or of one."""
+    return {**DEFAULTS, **(SITE_DEFAULTS if site else {})}
 
 
 def validate_criteria(value: Any) -> dict[str, Any]:
@@ -37,6 +52,11 @@ def validate_criteria(value: Any) -> dict[str, Any]:
         elif key == "max_failed_requests":
             if isinstance(item, bool) or not isinstance(item, int) or item < 0:
                 raise fail(key, "must be an integer >= 0")
+        elif key == "max_fallback_requests":
+            if item is not None and (
+                isinstance(item, bool) or not isinstance(item, int) or item < 0
+            ):
+                raise fail(key, "must be an integer >= 0 or null")
         elif item is not None and (
             isinstance(item, bool) or not isinstance(item, int | float) or item <= 0
         ):
@@ -44,8 +64,8 @@ def validate_criteria(value: Any) -> dict[str, Any]:
     return value
 
 
-def merged_criteria(value: dict[str, Any]) -> dict[str, Any]:
-    return {**DEFAULTS, **value}
+def merged_criteria(value: dict[str, Any], site: str = "") -> dict[str, Any]:
+    return {**criteria_defaults(site), **value}
 
 
 def evaluate(criteria: dict[str, Any], figures: dict[str, Any]) -> list[dict[str, Any]]:
@@ -65,13 +85,23 @@ def evaluate(criteria: dict[str, Any], figures: dict[str, Any]) -> list[dict[str
     if c["max_time_to_recover_s"] is not None:
         limit = c["max_time_to_recover_s"]
         row("max_time_to_recover_s", limit, recover, recover is not None and recover <= limit)
+    served = figures["requests"].get("during", {})
+    fallback = sum(n for key, n in served.items() if key.startswith("fallback/"))
+    if c["max_fallback_requests"] is not None:
+        limit = c["max_fallback_requests"]
+        row("max_fallback_requests", limit, fallback, fallback <= limit)
     if c["require_fallback"]:
-        served = figures["requests"].get("during", {})
-        fallback = sum(n for key, n in served.items() if key.startswith("fallback/"))
         remote_ok = served.get("remote/ok", 0)
         # Requests sent during the fault: some were served by fallback; any that still went
         # remote and succeeded are allowed only for a remote restart's first instant.
         row("require_fallback", True, {"fallback": fallback, "remote": remote_ok}, fallback > 0)
+    if c["require_failover"]:
+        sites = figures.get("sites") or {}
+        faulted = sites.get("faulted") or ""
+        during = (sites.get("served") or {}).get("during", {})
+        others = {s: n for s, n in during.items() if s != faulted}
+        # Remote answers from the sites that were not faulted, for requests sent meanwhile.
+        row("require_failover", True, others, bool(faulted) and sum(others.values()) > 0)
     if c["require_breaker_open"]:
         ejections = figures["breaker"].get("ejections", 0)
         row("require_breaker_open", True, ejections, ejections >= 1)

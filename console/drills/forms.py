@@ -13,11 +13,16 @@ from django import forms
 from console.deployments.models import Deployment
 from console.drills.choices import DrillKind
 from console.drills.criteria import DEFAULTS as CRITERIA_DEFAULTS
+from console.drills.criteria import SITE_DEFAULTS, criteria_defaults
 from console.drills.models import Drill
 from console.drills.services import LOAD_DEFAULTS
 
 #: Target overrides (``Drill.targets``) shown as text inputs; empty means "derive it".
 TARGET_TEXT = ("gateway_url", "decode_url", "model", "prefill_child")
+#: Criteria whose default depends on whether the drill targets one site: a choice of
+#: default / on / off, so that an untouched input follows the drill's kind of target.
+SITE_DEPENDENT = tuple(SITE_DEFAULTS)
+TRISTATE = [("", "default"), ("on", "on"), ("off", "off")]
 #: Load profile keys shown as integer inputs (``rate`` is a number, ``mix`` text).
 LOAD_INTEGERS = ("concurrency", "min_prompt_tokens", "max_prompt_tokens", "max_tokens", "seed")
 
@@ -32,6 +37,13 @@ class DrillForm(forms.Form):
     name = forms.CharField(max_length=63, help_text="Lower-case letters, digits and dashes.")
     deployment = forms.ModelChoiceField(queryset=Deployment.objects.order_by("name"))
     kind = forms.ChoiceField(choices=DrillKind.choices)
+    site = forms.CharField(
+        required=False,
+        max_length=63,
+        label="target site",
+        help_text="One prefill site of the deployment to fault (the others keep serving); "
+        "empty: every prefill site.",
+    )
     fault_s = forms.FloatField(label="fault (s)", initial=60, help_text="1 - 3600 s.")
     baseline_s = forms.FloatField(label="baseline window (s)", initial=30)
     after_s = forms.FloatField(label="after window (s)", initial=30)
@@ -47,13 +59,30 @@ class DrillForm(forms.Form):
         if drill is not None and "initial" not in kwargs:
             kwargs["initial"] = self.initial_for(drill)
         super().__init__(*args, **kwargs)
-        criteria = {**CRITERIA_DEFAULTS, **(drill.criteria if drill else {})}
+        criteria = {
+            **criteria_defaults(drill.site if drill else ""),
+            **(drill.criteria if drill else {}),
+        }
         for key, default in CRITERIA_DEFAULTS.items():
             name = f"criteria_{key}"
+            if key in SITE_DEPENDENT:
+                every, one = default, SITE_DEFAULTS[key]
+                self.fields[name] = forms.ChoiceField(
+                    required=False, choices=TRISTATE, label=_label(key),
+                    help_text=f"Default: {'on' if every else 'off'} for every site, "
+                    f"{'on' if one else 'off'} for one target site.",
+                )  # fmt: skip
+                stated = (drill.criteria or {}).get(key) if drill else None
+                self.initial.setdefault(name, "" if stated is None else ("on" if stated else "off"))
+                continue
             if key.startswith("require_"):
                 self.fields[name] = forms.BooleanField(required=False, label=_label(key))
             elif key == "max_failed_requests":
                 self.fields[name] = forms.IntegerField(label=_label(key))
+            elif key == "max_fallback_requests":
+                self.fields[name] = forms.IntegerField(
+                    required=False, label=_label(key), help_text="Empty: not checked."
+                )
             else:
                 self.fields[name] = forms.FloatField(
                     required=False, label=f"{_label(key)}", help_text="Empty: not checked."
@@ -84,6 +113,7 @@ class DrillForm(forms.Form):
             "name": drill.name,
             "deployment": drill.deployment_id,
             "kind": drill.kind,
+            "site": drill.site,
             "fault_s": drill.fault_s,
             "baseline_s": drill.baseline_s,
             "after_s": drill.after_s,
@@ -110,11 +140,16 @@ class DrillForm(forms.Form):
         Criteria keep the keys the drill states already plus those that differ from the
         defaults, so saving an untouched form changes nothing."""
         data = self.cleaned_data
+        site = (data.get("site") or "").strip()
         stated = set(self.drill.criteria) if self.drill else set()
         criteria = {}
-        for key, default in CRITERIA_DEFAULTS.items():
+        for key, default in criteria_defaults(site).items():
             value = data.get(f"criteria_{key}")
-            if key in stated or value != default:
+            if key in SITE_DEPENDENT:
+                # "on" / "off" ("default": "" leaves it to the drill's kind of target).
+                if value and (key in stated or (value == "on") != default):
+                    criteria[key] = value == "on"
+            elif key in stated or value != default:
                 criteria[key] = value
         targets: dict[str, Any] = {
             key: data[f"target_{key}"].strip()
@@ -136,6 +171,7 @@ class DrillForm(forms.Form):
             "name": data["name"],
             "deployment": data["deployment"],
             "kind": data["kind"],
+            "site": site,
             "fault_s": data["fault_s"],
             "baseline_s": data["baseline_s"],
             "after_s": data["after_s"],

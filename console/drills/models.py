@@ -32,6 +32,14 @@ class Drill(Timestamped):
         max_length=16,
         choices=DrillKind.choices,
     )
+    site = models.CharField(
+        verbose_name="target site",
+        max_length=63,
+        blank=True,
+        help_text="The one prefill site to fault (a site of one of the deployment's prefill "
+        "pools): a link cut of that site's WAN path, a restart of its engines; the other sites "
+        "keep serving. Empty: every prefill site at once.",
+    )
     fault_s = models.FloatField(
         verbose_name="fault duration (s)",
         default=60,
@@ -67,8 +75,9 @@ class Drill(Timestamped):
         default=dict,
         blank=True,
         validators=[validate_json_object],
-        help_text="Pass/fail criteria: max_failed_requests, max_time_to_detect_s, "
-        "max_time_to_recover_s, require_fallback, require_breaker_open, require_verification.",
+        help_text="Pass/fail criteria: max_failed_requests, max_fallback_requests, "
+        "max_time_to_detect_s, max_time_to_recover_s, require_fallback, require_failover, "
+        "require_breaker_open, require_recovery, require_verification.",
     )
     targets = models.JSONField(
         default=dict,
@@ -119,6 +128,7 @@ REPORT_FIGURES = (
     "breaker",
     "verification",
     "timeline",
+    "sites",
 )
 
 
@@ -154,6 +164,13 @@ class DrillReport(models.Model):
         max_length=16,
         default="manual",
         help_text='"manual" (API) or "schedule" (beat).',
+    )
+    site = models.CharField(
+        verbose_name="faulted site",
+        max_length=63,
+        blank=True,
+        help_text="The prefill site this run faulted (the drill's target site when it "
+        "started); empty: every prefill site.",
     )
     requests = models.JSONField(
         default=dict,
@@ -205,6 +222,12 @@ class DrillReport(models.Model):
         default=dict,
         blank=True,
         help_text="Raw timeline for charts: marks and one row per request.",
+    )
+    sites = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Remote answers by prefill site and window, and failovers: {"faulted", '
+        '"prefill_sites", "served": {"before": {site: n}, ...}, "failovers": {...}}.',
     )
     error = models.TextField(
         blank=True,

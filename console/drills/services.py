@@ -2,8 +2,11 @@
 
 Called by the API (operators), the beat task ``orchestrator.drills.run_scheduled`` and the drill
 workflow (``drill_report_complete`` / ``drill_report_abort``). Blocking. Invalid input raises
-Django's ``ValidationError`` naming the field (``load_profile.concurrency`` ...), a drill started
-while another drill runs on the same deployment raises ``Conflict`` (409).
+Django's ``ValidationError`` naming the field (``load_profile.concurrency``, ``site`` ...), a drill
+started while another drill runs on the same deployment raises ``Conflict`` (409).
+
+A drill with a ``site`` faults that prefill site only (its WAN path, its engines): the other
+prefill sites keep serving, and the report counts remote answers by site.
 """
 
 from __future__ import annotations
@@ -120,8 +123,37 @@ def parse_cron(value: str) -> dict[str, str]:
     return dict(zip(names, parts, strict=True))
 
 
-def _normalise(fields: dict[str, Any]) -> dict[str, Any]:
+def _prefill_sites(deployment: Deployment) -> list[str]:
+    """The deployment's remote prefill sites: sites of its prefill pools other than the
+    decode pool's (a prefill pool at the decode site is local prefill, not a site to cut)."""
+    pools = list(deployment.pools.select_related("site"))
+    decode = {p.site.name for p in pools if p.role == PoolRole.DECODE}
+    return sorted({p.site.name for p in pools if p.role == PoolRole.PREFILL} - decode)
+
+
+def validate_site(site: Any, deployment: Deployment) -> str:
+    """``site`` empty (every prefill site) or one of the deployment's prefill sites;
+    ValidationError naming ``site``."""
+    if site in (None, ""):
+        return ""
+    sites = _prefill_sites(deployment)
+    if not isinstance(site, str) or site not in sites:
+        known = ", ".join(sites) or "none"
+        raise _fail(
+            "site",
+            f"{site!r} is not a prefill site of deployment {deployment.name} (one of: "
+            f"{known}; empty: every prefill site)",
+        )
+    return site
+
+
+def _normalise(fields: dict[str, Any], drill: Drill | None = None) -> dict[str, Any]:
     out = dict(fields)
+    if "site" in out or ("deployment" in out and drill is not None and drill.site):
+        deployment = out.get("deployment") or (drill.deployment if drill else None)
+        site = out.get("site", drill.site if drill else "")
+        if deployment is not None:
+            out["site"] = validate_site(site, deployment)
     if "load_profile" in out:
         out["load_profile"] = validate_load_profile(out["load_profile"])
     if "criteria" in out:
@@ -174,7 +206,7 @@ def drill_create(*, actor: Actor, **fields: Any) -> Drill:
 @transaction.atomic
 def drill_update(*, actor: Actor, drill: Drill, **fields: Any) -> Drill:
     """Change a drill; its schedule follows."""
-    drill, _ = audited_update(actor=actor, instance=drill, fields=_normalise(fields))
+    drill, _ = audited_update(actor=actor, instance=drill, fields=_normalise(fields, drill))
     _schedule_sync(drill)
     return drill
 
@@ -217,6 +249,10 @@ def drill_params(drill: Drill) -> dict[str, Any]:
         raise _fail("deployment", "the deployment has no decode pool with nodes")
     if not prefill:
         raise _fail("deployment", "the deployment has no remote prefill pool")
+    prefill_sites = _prefill_sites(deployment)
+    site = validate_site(drill.site, deployment)  # the pools may have changed since
+    if site:
+        prefill = [p for p in prefill if p.site.name == site]
     targets = drill.targets
     first = sorted(decode.nodes.all(), key=lambda n: n.hostname)[0]
     settings = {**(deployment.model.engine_settings or {}), **(decode.engine_settings or {})}
@@ -225,10 +261,11 @@ def drill_params(drill: Drill) -> dict[str, Any]:
     faults: list[dict[str, Any]] = []
     alternatives: list[list[dict[str, Any]]] = []
     if drill.kind == DrillKind.LINK_CUT:
-        # The local site's agents cut their WAN path to each remote prefill site; where they
-        # cannot (no route, interface or fault proxy for that peer), the workflow cuts it from
-        # the other end: the prefill sites' agents towards the decode site (the testbed's
-        # fault proxy sits in front of the WAN on the remote agent).
+        # The local site's agents cut their WAN path to each remote prefill site (the drill's
+        # site only, when it names one); where they cannot (no route, interface or fault proxy
+        # for that peer), the workflow cuts it from the other end: the prefill sites' agents
+        # towards the decode site (the testbed's fault proxy sits in front of the WAN on the
+        # remote agent).
         for node in decode.nodes.all():
             faults += [
                 {
@@ -274,7 +311,10 @@ def drill_params(drill: Drill) -> dict[str, Any]:
         "after_s": drill.after_s,
         "recover_timeout_s": drill.recover_timeout_s,
         "load": {**LOAD_DEFAULTS, **drill.load_profile},
-        "criteria": merged_criteria(drill.criteria),
+        "criteria": merged_criteria(drill.criteria, site),
+        # The faulted prefill site ("" : every one) and every prefill site of the deployment.
+        "site": site,
+        "prefill_sites": prefill_sites,
         # The gateway serves HTTPS unless the testbed runs plaintext (as agentops.gateway_url).
         "gateway_url": targets.get("gateway_url")
         or f"{gateway_scheme}://{host}:{int(settings.get('gateway_port', 8080))}",
@@ -311,13 +351,15 @@ def drill_run(*, actor: Actor, drill: Drill, trigger: str = "manual") -> DrillRe
         target=drill,
         params=drill_params(drill),
     )
-    report = DrillReport.objects.create(drill=drill, run=run, kind=drill.kind, trigger=trigger)
+    report = DrillReport.objects.create(
+        drill=drill, run=run, kind=drill.kind, trigger=trigger, site=drill.site
+    )
     audit_record(
         actor=actor,
         action=AuditAction.ACTION,
         verb="run",
         instance=drill,
-        after={"run": run.pk, "report": report.pk, "trigger": trigger},
+        after={"run": run.pk, "report": report.pk, "trigger": trigger, "site": drill.site},
     )
     return report
 

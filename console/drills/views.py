@@ -27,7 +27,7 @@ from console.deployments.models import Deployment
 from console.drills import selectors, services
 from console.drills.charts import timeline_chart
 from console.drills.choices import ReportState
-from console.drills.criteria import DEFAULTS as CRITERIA_DEFAULTS
+from console.drills.criteria import criteria_defaults
 from console.drills.forms import DrillForm
 from console.drills.models import Drill, DrillReport
 from console.drills.services import LOAD_DEFAULTS, run_ended_text
@@ -73,7 +73,7 @@ def drill_detail(request: HttpRequest, pk: int) -> HttpResponse:
     drill = get_object_or_404(selectors.drill_list(), pk=pk)
     criteria = [
         (key, (drill.criteria or {}).get(key, default), key not in (drill.criteria or {}))
-        for key, default in CRITERIA_DEFAULTS.items()
+        for key, default in criteria_defaults(drill.site).items()
     ]
     load = [
         (key, (drill.load_profile or {}).get(key, default), key not in (drill.load_profile or {}))
@@ -162,6 +162,34 @@ def _ttft_rows(ttft: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def _site_rows(sites: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per prefill site with its remote answers in each window (the faulted site
+    first), then one per failover ``from->to``: where the traffic went during the fault."""
+    served, failovers = sites.get("served") or {}, sites.get("failovers") or {}
+    faulted = sites.get("faulted") or ""
+    names = set(sites.get("prefill_sites") or []) | {
+        s for w in WINDOWS for s in served.get(w) or {}
+    }
+    rows = [
+        {
+            "key": name,
+            "faulted": name == faulted,
+            "counts": [(served.get(w) or {}).get(name, 0) for w in WINDOWS],
+        }
+        for name in sorted(names, key=lambda n: (n != faulted, n))
+    ]
+    keys = sorted({k for w in WINDOWS for k in failovers.get(w) or {}})
+    rows += [
+        {
+            "key": f"failover {key}",
+            "faulted": False,
+            "counts": [(failovers.get(w) or {}).get(key, 0) for w in WINDOWS],
+        }
+        for key in keys
+    ]
+    return rows
+
+
 def _requests_rows(requests: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per ``path/outcome`` with its count in each window."""
     keys = sorted({k for w in WINDOWS for k in (requests.get(w) or {})})
@@ -191,6 +219,7 @@ def report_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "chart": timeline_chart(report.timeline or {}),
             "ttft_rows": _ttft_rows(report.ttft or {}),
             "requests_rows": _requests_rows(report.requests or {}),
+            "site_rows": _site_rows(report.sites or {}),
             "marks": (report.timeline or {}).get("marks") or {},
             "ended_early": (
                 run_ended_text(report)

@@ -166,11 +166,13 @@ def restore(ctx: StepContext) -> StepResult:
 
 
 def recovery(ctx: StepContext) -> StepResult:
-    """Until traffic is back on the remote path (or the timeout), then the after window."""
+    """Until traffic is back on the remote path -- at the faulted site, for a drill of one
+    site -- (or the timeout), then the after window."""
     p = ctx.params
     restored_at = ctx.previous["restore"]["restored_at"]
+    # A drill of one site waits for traffic back at that site, not on any remote path.
     recovered_at = ctx.evidence.get("recovered_at") or first_remote_after(
-        read_records_of(_load(ctx)), restored_at
+        read_records_of(_load(ctx)), restored_at, p.get("site") or ""
     )
     now = time.time()
     if recovered_at is None:
@@ -240,6 +242,8 @@ def report(ctx: StepContext) -> StepResult:
         restored_at=prev["restore"]["restored_at"],
         breaker={"ejections": after - before, "before": before, "after": after},
         verification=prev["verify"],
+        site=ctx.params.get("site") or "",
+        prefill_sites=ctx.params.get("prefill_sites") or [],
     )
     saved = drill_services.drill_report_complete(run_id=ctx.run_id, figures=data)
     return Done(

@@ -3,8 +3,9 @@ workflow marked. Pure functions, called by the drill workflow's ``recovery`` and
 
 Windows are by request start: ``before`` the fault was injected, ``during`` (injected .. the
 agent lifted it), ``after``. Time to detect: injection -> first token of the first answer served
-by the fallback path. Time to recover: the fault lifted -> start of the first request served
-successfully on the remote path again.
+by the fallback path (a drill of one site: or failed over from that site). Time to recover: the
+fault lifted -> start of the first request served successfully on the remote path again (a
+drill of one site: prefilled at that site again).
 """
 
 from __future__ import annotations
@@ -24,23 +25,68 @@ def window(start: float, injected_at: float, restored_at: float) -> str:
     return "during" if start < restored_at else "after"
 
 
-def first_remote_after(records: list[dict[str, Any]], since: float) -> float | None:
-    """Start of the first successful remote-path request that started at or after ``since``."""
+def first_remote_after(records: list[dict[str, Any]], since: float, site: str = "") -> float | None:
+    """Start of the first successful remote-path request that started at or after ``since``
+    (prefilled at ``site``, when given)."""
     starts = [
         r["start"]
         for r in records
-        if r["path"] == "remote" and r["outcome"] == "ok" and r["start"] >= since
+        if r["path"] == "remote"
+        and r["outcome"] == "ok"
+        and r["start"] >= since
+        and (not site or r.get("site") == site)
     ]
     return min(starts) if starts else None
 
 
-def time_to_detect(records: list[dict[str, Any]], injected_at: float) -> float | None:
+def _detected(r: dict[str, Any], site: str) -> bool:
+    return r["path"] == "fallback" or bool(site and r.get("failover_from") == site)
+
+
+def time_to_detect(
+    records: list[dict[str, Any]], injected_at: float, site: str = ""
+) -> float | None:
     moments = [
         r["start"] + (r["ttft_s"] if r["ttft_s"] is not None else r["total_s"] or 0.0)
         for r in records
-        if r["path"] == "fallback" and r["start"] + (r["total_s"] or 0.0) >= injected_at
+        if _detected(r, site) and r["start"] + (r["total_s"] or 0.0) >= injected_at
     ]
     return round(max(0.0, min(moments) - injected_at), 3) if moments else None
+
+
+def by_site(
+    records: list[dict[str, Any]],
+    injected_at: float,
+    restored_at: float,
+    site: str,
+    prefill_sites: list[str],
+) -> dict[str, Any]:
+    """Remote answers by prefill site and window, failovers (``from->to``) by window, and the
+    TTFT of failed-over answers: where the traffic went while ``site`` was faulted."""
+    served: dict[str, dict[str, int]] = {w: {} for w in WINDOWS}
+    failovers: dict[str, dict[str, int]] = {w: {} for w in WINDOWS}
+    failover_ttfts: list[float] = []
+    for r in records:
+        w = window(r["start"], injected_at, restored_at)
+        if r["path"] == "remote" and r["outcome"] == "ok" and r.get("site"):
+            served[w][r["site"]] = served[w].get(r["site"], 0) + 1
+        if r.get("failover_from"):
+            key = f"{r['failover_from']}->{r.get('site') or r['path']}"
+            failovers[w][key] = failovers[w].get(key, 0) + 1
+            if r["outcome"] == "ok" and r["ttft_s"] is not None:
+                failover_ttfts.append(r["ttft_s"])
+    return {
+        "faulted": site,
+        "prefill_sites": list(prefill_sites),
+        "served": served,
+        "failovers": failovers,
+        "failover_ttft": {
+            "p50": _r(quantile(failover_ttfts, 0.5)),
+            "p99": _r(quantile(failover_ttfts, 0.99)),
+            "max": _r(max(failover_ttfts, default=None)),
+            "n": len(failover_ttfts),
+        },
+    }
 
 
 def _r(value: float | None) -> float | None:
@@ -55,8 +101,11 @@ def figures(
     restored_at: float,
     breaker: dict[str, Any],
     verification: dict[str, Any],
+    site: str = "",
+    prefill_sites: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Everything ``console.drills.services.drill_report_complete`` stores."""
+    """Everything ``console.drills.services.drill_report_complete`` stores. ``site``: the one
+    prefill site faulted ("" : every one)."""
     requests: dict[str, dict[str, int]] = {w: {} for w in WINDOWS}
     ttfts: dict[str, dict[str, list[float]]] = {w: {} for w in WINDOWS}
     for r in records:
@@ -74,7 +123,7 @@ def figures(
         for w in WINDOWS
     }
     failed = [r for r in records if r["outcome"] != "ok"]
-    recovered = first_remote_after(records, restored_at)
+    recovered = first_remote_after(records, restored_at, site)
     ordered = sorted(records, key=lambda r: r["start"])
     step = max(1, len(ordered) // MAX_TIMELINE_ROWS + (len(ordered) % MAX_TIMELINE_ROWS > 0))
     rows = [
@@ -85,6 +134,7 @@ def figures(
             _r(r["ttft_s"]),
             _r(r["total_s"]),
             r["prompt_tokens"],
+            r.get("site", ""),
         ]
         for r in ordered[::step]
     ]
@@ -103,12 +153,12 @@ def figures(
             for r in failed[:MAX_FAILURES]
         ],
         "ttft": ttft,
-        "time_to_detect_s": time_to_detect(records, injected_at),
+        "time_to_detect_s": time_to_detect(records, injected_at, site),
         "time_to_recover_s": None if recovered is None else round(recovered - restored_at, 3),
         "breaker": breaker,
         "verification": verification,
         "timeline": {
-            "columns": ["t", "path", "outcome", "ttft_s", "total_s", "prompt_tokens"],
+            "columns": ["t", "path", "outcome", "ttft_s", "total_s", "prompt_tokens", "site"],
             "marks": {
                 "injected": round(injected_at - load_started_at, 3),
                 "restored": round(restored_at - load_started_at, 3),
@@ -117,6 +167,7 @@ def figures(
             "sampled_every": step,
             "rows": rows,
         },
+        "sites": by_site(records, injected_at, restored_at, site, prefill_sites or []),
     }
 
 

@@ -60,7 +60,7 @@ def test_detect_recover_and_ttft_by_window():
     assert data["ttft"]["during"]["fallback"] == {"p50": 0.3, "p99": 0.5, "n": 2}
     assert data["ttft"]["before"]["remote"] == {"p50": 0.2, "p99": 0.4, "n": 2}
     assert data["timeline"]["marks"] == {"injected": 3.0, "restored": 6.0, "recovered": 7.5}
-    assert data["timeline"]["rows"][0] == [0.0, "remote", "ok", 0.2, 0.2, 100]
+    assert data["timeline"]["rows"][0] == [0.0, "remote", "ok", 0.2, 0.2, 100, ""]
     assert len(data["timeline"]["rows"]) == 9
 
 
@@ -130,3 +130,70 @@ def test_verification_needs_a_remote_sample_that_matched():
     assert verification_verdict([local])["ok"] is False  # only local: the path was not checked
     assert verification_verdict([{**remote, "match": False}, local])["ok"] is False
     assert verification_verdict([])["ok"] is False
+
+
+def srec(start, site, failover_from="", path="remote", outcome="ok", ttft=0.1):
+    return {**rec(start, path, outcome=outcome, ttft=ttft), "site": site,
+            "failover_from": failover_from}  # fmt: skip
+
+
+# Two prefill sites; east is cut at 103 and restored at 106.
+SITE_RECORDS = [
+    srec(100.0, "east"),
+    srec(101.0, "west"),
+    # the first request after the cut fails over from east to west, the next ones go west
+    srec(103.2, "west", failover_from="east", ttft=0.6),
+    srec(104.0, "west"),
+    srec(104.5, "", path="fallback", ttft=0.4),
+    srec(105.0, "west"),
+    # restored at 106: west first, east again at 107
+    srec(106.5, "west"),
+    srec(107.0, "east"),
+]
+
+
+def _site_figures(records=SITE_RECORDS):
+    return figures(records, load_started_at=100.0, injected_at=103.0, restored_at=106.0,
+                   breaker={"ejections": 1}, verification={"ok": True}, site="east",
+                   prefill_sites=["east", "west"])  # fmt: skip
+
+
+def test_a_drill_of_one_site_counts_remote_answers_by_site_and_failovers():
+    data = _site_figures()
+
+    assert data["sites"]["faulted"] == "east"
+    assert data["sites"]["prefill_sites"] == ["east", "west"]
+    assert data["sites"]["served"] == {
+        "before": {"east": 1, "west": 1},
+        "during": {"west": 3},
+        "after": {"west": 1, "east": 1},
+    }
+    assert data["sites"]["failovers"] == {"before": {}, "during": {"east->west": 1}, "after": {}}
+    assert data["sites"]["failover_ttft"] == {"p50": 0.6, "p99": 0.6, "max": 0.6, "n": 1}
+    assert data["time_to_detect_s"] == 0.8  # 103.2 + 0.6 - 103: the failover, not the fallback
+    assert data["time_to_recover_s"] == 1.0  # 107.0 - 106: back at east, not at west (106.5)
+    assert data["timeline"]["rows"][1][-1] == "west"
+
+
+def test_the_verdict_of_a_drill_of_one_site_asks_for_failover_not_fallback():
+    from console.drills.criteria import merged_criteria
+
+    data = _site_figures()
+    rows = {r["criterion"]: r for r in evaluate(merged_criteria({}, "east"), data)}
+
+    assert "require_fallback" not in rows
+    assert rows["require_failover"] == {
+        "criterion": "require_failover", "limit": True, "value": {"west": 3}, "passed": True,
+    }  # fmt: skip
+    assert all(r["passed"] for r in rows.values()), rows
+    handful = evaluate(merged_criteria({"max_fallback_requests": 0}, "east"), data)
+    assert [r["criterion"] for r in handful if not r["passed"]] == ["max_fallback_requests"]
+
+
+def test_no_other_site_serving_during_the_fault_fails_require_failover():
+    records = [r for r in SITE_RECORDS if not (103 <= r["start"] < 106 and r["site"] == "west")]
+    data = _site_figures(records)
+
+    rows = evaluate({"require_failover": True}, data)
+
+    assert [r["criterion"] for r in rows if not r["passed"]] == ["require_failover"]

@@ -267,3 +267,80 @@ def test_run_audited(api_as, world):
     log = api_as("viewer").get(f"/api/audit-log/?object_type=drills.drill&object_id={body['id']}")
 
     assert sorted(e["action"] for e in log.json()["results"]) == ["action", "create"]
+
+
+def _second_site(world):
+    """A second remote prefill site (``east``) with its own node and pool on the deployment."""
+    from console.deployments.services import pool_create
+    from tests.console.factories import NodeFactory, SiteFactory
+
+    east = SiteFactory(name="east", role="prefill")
+    node = NodeFactory(site=east, hostname="pre-east", agent_address="10.2.0.5:7070")
+    pool_create(actor=None, deployment=world.deployment, role="prefill", site=east, nodes=[node])
+    return east
+
+
+def test_a_drill_of_one_site_faults_that_site_only(api_as, world):
+    _second_site(world)
+
+    response = api_as("operator").post("/api/drills/", _body(world, site="east"), format="json")
+
+    assert response.status_code == 201, response.json()
+    assert response.json()["site"] == "east"
+    report = DrillReport.objects.get(drill_id=response.json()["id"])
+    params = report.run.params
+    assert report.site == "east"
+    assert (params["site"], params["prefill_sites"]) == ("east", ["east", "remote"])
+    assert params["faults"] == [
+        {"agent": "10.0.0.5:7070", "node": "dec-1", "kind": "link_cut", "target": "east"}
+    ]
+    assert params["fault_alternatives"] == [
+        [{"agent": "10.2.0.5:7070", "node": "pre-east", "kind": "link_cut", "target": "local"}]
+    ]
+    # One site down, the others serve: failover is expected, local fallback is not.
+    assert (params["criteria"]["require_failover"], params["criteria"]["require_fallback"]) == (
+        True,
+        False,
+    )
+    served = api_as("viewer").get(f"/api/drill-reports/{report.pk}/").json()
+    assert (served["site"], served["sites"]) == ("east", {})
+
+
+def test_a_remote_restart_of_one_site_restarts_that_sites_engines_only(world):
+    _second_site(world)
+    drill = services.drill_create(
+        actor=None, name="rr-east", deployment=world.deployment, kind="remote_restart",
+        site="east", targets={"prefill_child": "prefill-a"},
+    )  # fmt: skip
+
+    params = services.drill_run(actor=None, drill=drill).run.params
+
+    assert params["faults"] == [
+        {"agent": "10.2.0.5:7070", "node": "pre-east", "kind": "engine_kill", "target": "prefill-a"}
+    ]
+
+
+@pytest.mark.parametrize("site", ["west", "local", 7])
+def test_a_site_that_is_not_a_prefill_site_is_400_naming_the_field(api_as, world, site):
+    response = api_as("operator").post("/api/drills/", _body(world, site=site), format="json")
+
+    assert response.status_code == 400, response.json()
+    [message] = response.json()["site"]
+    assert message == (
+        f"site: '{site}' is not a prefill site of deployment demo (one of: remote; empty: "
+        "every prefill site)"
+    )
+    assert Drill.objects.count() == 0
+
+
+def test_a_site_pool_removed_after_the_drill_was_written_is_400_at_run(api_as, world):
+    east = _second_site(world)
+    drill = services.drill_create(
+        actor=None, name="cut-east", deployment=world.deployment, kind="link_cut", site="east"
+    )
+    world.deployment.pools.get(site=east).delete()
+
+    response = api_as("operator").post(f"/api/drills/{drill.pk}/run/")
+
+    assert response.status_code == 400
+    assert "'east' is not a prefill site" in response.json()["site"][0]

@@ -102,7 +102,9 @@ def test_saving_an_untouched_edit_form_keeps_the_stated_criteria(client_as, worl
     )
     client = client_as("operator")
     html = client.get(f"/drills/{drill.pk}/edit/").content.decode()
-    assert 'name="criteria_require_fallback" id="id_criteria_require_fallback" checked' in html
+    # Its default depends on the drill's target (every site: on, one site: off): "default".
+    fallback = html.split('name="criteria_require_fallback"', 1)[1].split("</select>", 1)[0]
+    assert '<option value="" selected>default</option>' in fallback
 
     body = {
         "name": "cut", "deployment": str(world.deployment.pk), "kind": "link_cut",
@@ -206,3 +208,38 @@ def test_drill_page_shows_definition_and_reports(client_as, world):
     assert "not checked" in html  # max_time_to_recover_s: None
     assert f'hx-post="/api/drills/{drill.pk}/run/"' in html
     assert f'href="/drills/{drill.pk}/edit/"' in html
+
+
+def test_a_drill_of_one_site_from_the_page_follows_that_sites_defaults(client_as, world):
+    client = client_as("operator")
+
+    response = client.post(
+        "/drills/new/",
+        _post(
+            world, site="remote", criteria_require_fallback="", criteria_max_fallback_requests="3"
+        ),
+    )
+
+    assert response.status_code == 302
+    drill = Drill.objects.get(name="cut-east")
+    assert drill.site == "remote"
+    # require_fallback left at "default": one site's drill does not ask for it.
+    assert drill.criteria == {
+        "max_failed_requests": 2,
+        "max_fallback_requests": 3,
+        "max_time_to_detect_s": 5.0,
+        "require_verification": False,
+    }
+    page = client.get(response["Location"]).content.decode()
+    assert 'id="drill-site">remote' in page
+    assert 'require_failover</th><td>True <span class="muted">(default)' in page
+
+
+def test_a_site_that_is_not_a_prefill_site_is_named_on_its_field(client_as, world):
+    response = client_as("operator").post("/drills/new/", _post(world, site="west"))
+
+    html = response.content.decode()
+    assert response.status_code == 400
+    assert 'data-field="site"' in html
+    assert "site: &#x27;west&#x27; is not a prefill site of deployment demo" in html
+    assert not Drill.objects.exists()
