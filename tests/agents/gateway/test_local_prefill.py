@@ -376,3 +376,28 @@ def test_a_killed_local_prefill_instance_costs_no_request_and_is_counted(tmp_pat
     assert metric(after, "pdbridge_gateway_requests_total", path="local", outcome="ok") == 36
     # The decode engine prefilled the 25 itself; the 11 others' KV came from the local pool.
     assert legs == {"local": 25, "decode": 11}
+
+
+def test_in_pull_mode_the_local_prefill_leg_goes_first_and_its_answer_feeds_the_decode_leg():
+    async def scenario() -> tuple[Any, ...]:
+        kv = KvStore()
+        decode = await EngineDouble("decode", kv).start()
+        local = await EngineDouble("local", kv).start()
+        data = _with_local_pool(decode.url, (local.url,), {}, 10)
+        data["kv_transfer"]["mode"] = "pull"
+        try:
+            async with serving(data) as (_, client, url):
+                answer = await _post(client, url, completion(SHORT, stream=True))
+            return answer, local.requests, decode.requests
+        finally:
+            await decode.stop()
+            await local.stop()
+
+    (status, headers, raw), local_requests, decode_requests = asyncio.run(scenario())
+
+    assert (status, headers["x-pdbridge-path"]) == (200, "local")
+    assert sse_text(raw) == "".join(tokens_for(SHORT, 5))
+    [prefill_leg] = local_requests
+    assert prefill_leg["kv_transfer_params"]["do_remote_decode"] is True
+    [decode_leg] = decode_requests
+    assert decode_leg["kv_transfer_params"]["remote_engine_id"] == "local"
