@@ -10,7 +10,8 @@ the gateway additionally reads, when present, ``engine_url`` (the engine's HTTP 
 ``kv_address`` (``host:port`` of a decode node's KV receiver) on each node. Without them it
 uses ``http://<hostname>:<engine_settings.port or 8000>`` and
 ``<engine_settings.kv_host or hostname>:<engine_settings.kv_port or 7100>`` from the pool's
-``engine_settings``.
+``engine_settings``; ``engine_settings.kv_site_addresses`` (prefill site -> ``host:port``)
+gives a prefill site its own address of the receiver (its own WAN path).
 
 Local prefill pool. ``pools.prefill`` lists every prefill pool, including one at the decode
 site (the local PD cluster that long-timescale rebalancing grows and shrinks). That one is not
@@ -50,6 +51,14 @@ class Instance:
     url: str
     kv_address: str
     drained: bool = False
+    #: (prefill site, address) pairs where that site's engines reach this decode node's KV
+    #: receiver instead of ``kv_address``: the pool's ``engine_settings.kv_site_addresses``
+    #: (each site's own WAN path, proxy or NAT in front of the receiver).
+    site_kv_addresses: tuple[tuple[str, str], ...] = ()
+
+    def kv_address_for(self, site: str) -> str:
+        """Where ``site``'s prefill engines send this node the KV."""
+        return dict(self.site_kv_addresses).get(site, self.kv_address)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +172,13 @@ def _site(pool: Any, where: str, decode: bool) -> Site:
     nodes = _get(pool, "nodes", where)
     if not isinstance(nodes, list):
         raise ConfigError(f"{where}.nodes: must be a list")
+    by_site = settings.get("kv_site_addresses") or {}
+    if not isinstance(by_site, Mapping):
+        raise ConfigError(f"{where}.engine_settings.kv_site_addresses: must be an object")
+    site_kv = tuple(
+        (site, _str(address, f"{where}.engine_settings.kv_site_addresses.{site}"))
+        for site, address in sorted(by_site.items())
+    )
     instances = []
     for i, node in enumerate(nodes):
         at = f"{where}.nodes[{i}]"
@@ -174,7 +190,7 @@ def _site(pool: Any, where: str, decode: bool) -> Site:
         kv_host = settings.get("kv_host") or host  # a WAN proxy / NAT in front of the receiver
         kv = node.get("kv_address") or f"{kv_host}:{int(settings.get('kv_port', 7100))}"
         drained = _bool(node.get("drained", False), f"{at}.drained")
-        instances.append(Instance(host, url, _str(kv, f"{at}.kv_address"), drained))
+        instances.append(Instance(host, url, _str(kv, f"{at}.kv_address"), drained, site_kv))
     if decode and not instances:
         raise ConfigError(f"{where}.nodes: the decode pool needs at least one node")
     return Site(name, tuple(instances))

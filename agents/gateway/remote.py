@@ -232,7 +232,10 @@ class RemotePath:
             # The decode engine's KV error after kv_timeout_ms makes the gateway fall back.
             transfer_id = uuid.uuid4().hex
             prefill_kv, decode_kv = push_kv_params(
-                transfer_id, decode.kv_address, config.kv_timeout_ms / 1000, call.request_id
+                transfer_id,
+                decode.kv_address_for(site),
+                config.kv_timeout_ms / 1000,
+                call.request_id,
             )
         # Counted against the link now (requests routed meanwhile see it); given back unless
         # the prefill leg went through (a refused or failed leg sent no KV).

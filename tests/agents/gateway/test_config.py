@@ -54,6 +54,23 @@ def test_kv_host_puts_a_wan_proxy_in_front_of_the_decode_receiver():
     assert config.decode.instances[0].kv_address == "10.64.0.3:7200"
 
 
+def test_each_prefill_site_may_have_its_own_wan_path_to_the_receiver():
+    data = snapshot()
+    data["pools"]["decode"]["engine_settings"] = {
+        "kv_site_addresses": {"remote-b": "localhost:7300"}
+    }
+
+    [decode] = parse_snapshot(data).decode.instances
+
+    assert decode.kv_address_for("remote-b") == "localhost:7300"
+    assert decode.kv_address_for("remote") == decode.kv_address == "127.0.0.1:7100"
+    data["pools"]["decode"]["engine_settings"] = {"kv_site_addresses": {"remote-b": ""}}
+    with pytest.raises(
+        ConfigError, match=r"pools\.decode\.engine_settings\.kv_site_addresses\.remote-b"
+    ):
+        parse_snapshot(data)
+
+
 def test_measured_bandwidth_wins_over_provisioned():
     data = snapshot()
     data["links"][0]["measured_mbit_s"] = 5000
