@@ -10,6 +10,8 @@ from console.schedules.models import (
     TidalApplication,
     TidalSchedule,
 )
+from console.schedules.selectors import DEFAULT_DAYS, MAX_DAYS
+from console.schedules.services import MAX_CAPACITY
 
 WHAT_IF_FIELDS = (
     "scenario",
@@ -78,6 +80,24 @@ class WhatIfSerializer(serializers.Serializer):
         if unknown:
             raise serializers.ValidationError({unknown[0]: ["Not a what-if field."]})
         return attrs
+
+
+class RecordedCostQuerySerializer(serializers.Serializer):
+    """Query of ``GET /api/tidal-schedules/{id}/recorded-cost/`` (docs/planner.md)."""
+
+    days = serializers.IntegerField(
+        required=False,
+        default=DEFAULT_DAYS,
+        min_value=1,
+        max_value=MAX_DAYS,
+        help_text="Whole days of recorded traffic before the current hour.",
+    )
+    static_remote_instances = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=MAX_CAPACITY,
+        help_text="Remote instances without the schedule (default: the remote prefill pool).",
+    )
 
 
 class TidalApplicationSerializer(serializers.ModelSerializer):
