@@ -519,6 +519,9 @@ OPS: dict[tuple[str, str], Op] = {
     ("POST", "/api/tidal-schedules/{id}/what-if/"): Op(
         "/api/tidal-schedules/{w.schedule.pk}/what-if/", "viewer", 200, body=lambda w: {}
     ),
+    ("GET", "/api/tidal-schedules/{id}/recorded-cost/"): Op(
+        "/api/tidal-schedules/{w.schedule.pk}/recorded-cost/", "viewer", 200
+    ),
     ("GET", "/api/tidal-applications/"): Op("/api/tidal-applications/", "viewer", 200),
     ("GET", "/api/tidal-applications/{id}/"): Op(
         "/api/tidal-applications/{w.application.pk}/", "viewer", 200

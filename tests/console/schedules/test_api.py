@@ -3,7 +3,7 @@ field, application history and proposal actions."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -182,3 +182,105 @@ def test_what_if_with_a_demand_curve(tidal, api_as):
     hours = response.json()["hours"]
     assert {h["remote_instances"] for h in hours} == {0}  # a trickle: the local pool carries it
     assert all(h["served_rps"] == 0.01 and h["meets_demand"] for h in hours)
+
+
+# --- recorded cost: the recorded traffic priced with and without the schedule ----------------
+
+
+def _recorded(api, schedule, query=""):
+    return api.get(f"/api/tidal-schedules/{schedule.pk}/recorded-cost/{query}")
+
+
+@pytest.mark.parametrize(
+    ("role", "status"),
+    [(None, 401), ("norole", 403), ("viewer", 200), ("operator", 200), ("admin", 200)],
+)
+def test_recorded_cost_needs_viewer(tidal, api_as, make_user, role, status):
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
+    if role == "norole":
+        api = APIClient()
+        api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=make_user(None))}")
+    else:
+        api = api_as(role)
+    assert _recorded(api, tidal.schedule).status_code == status
+
+
+def test_recorded_cost_prices_the_hours_recorded_and_applied(tidal, api_as):
+    from django.utils import timezone
+
+    from console.schedules.services import local_hour
+    from console.telemetry import names
+    from console.telemetry.services import samples_record_many
+
+    hour = local_hour(tidal.schedule, timezone.now()) - timedelta(hours=2)
+    tidal_apply_hour(schedule_id=tidal.schedule.pk, now=hour + timedelta(minutes=1))
+    for path, rate in (("remote", 3.0), ("local", 1.0)):
+        samples_record_many(
+            subject=tidal.deployment,
+            values={names.REQUESTS: rate},
+            labels={"path": path},
+            at=hour + timedelta(minutes=5),
+        )
+
+    response = _recorded(api_as("viewer"), tidal.schedule, "?days=1")
+
+    body = response.json()
+    assert response.status_code == 200
+    assert len(body["hours"]) == 24
+    assert body["window"]["days"] == 1
+    assert body["window"]["deployment"] == {"id": tidal.deployment.pk, "name": "demo"}
+    assert body["hours_with_data"] == 1
+    found = next(h for h in body["hours"] if not h["gap"])
+    assert found["hour_start"] == hour.isoformat()
+    assert found["requests"] == 4.0 * 3600
+    assert found["scheduled"]["source"] == "applied"
+    assert body["static_remote_instances"] == 4
+    assert set(body["totals"]) == {"scheduled", "static"}
+    assert body["totals"]["scheduled"]["cost_per_million_tokens"] > 0
+
+    pinned = _recorded(api_as("viewer"), tidal.schedule, "?days=1&static_remote_instances=0")
+    assert pinned.json()["static_remote_instances"] == 0
+
+
+def test_recorded_cost_defaults_to_seven_days_and_says_when_nothing_was_recorded(tidal, api_as):
+    body = _recorded(api_as("viewer"), tidal.schedule).json()
+
+    assert body["window"]["days"] == 7
+    assert len(body["hours"]) == 168
+    assert body["empty"] is True
+    assert body["totals"]["scheduled"]["cost_per_million_tokens"] is None
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ("?days=0", "days"),
+        ("?days=32", "days"),
+        ("?days=seven", "days"),
+        ("?static_remote_instances=-1", "static_remote_instances"),
+        ("?static_remote_instances=257", "static_remote_instances"),
+        ("?static_remote_instances=1.5", "static_remote_instances"),
+    ],
+)
+def test_recorded_cost_bad_query_is_a_400_naming_the_field(tidal, api_as, query, field):
+    response = _recorded(api_as("viewer"), tidal.schedule, query)
+
+    assert response.status_code == 400
+    assert list(response.json()) == [field]
+
+
+def test_recorded_cost_of_a_schedule_that_does_not_parse_names_the_field(tidal, api_as):
+    from console.schedules.models import TidalSchedule
+
+    TidalSchedule.objects.filter(pk=tidal.schedule.pk).update(capacity=[1, 2])
+
+    response = _recorded(api_as("viewer"), tidal.schedule)
+
+    assert response.status_code == 400
+    assert "capacity" in response.json()
+
+
+def test_recorded_cost_of_an_unknown_schedule_is_a_404(db, api_as):
+    assert api_as("viewer").get("/api/tidal-schedules/999999/recorded-cost/").status_code == 404
