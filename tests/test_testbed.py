@@ -2,12 +2,17 @@
 steps succeed with the canary at 100 %, a request through the gateway is served on the remote
 path with tokens, the printed ``curl`` line works, and SIGTERM leaves no process behind and
 frees the ports. The same with ``--netns`` (root): the sites run in two namespaces, the WAN
-probe sees the tbf-shaped veth, and shutdown removes the namespaces too."""
+probe sees the tbf-shaped veth, and shutdown removes the namespaces too. With
+``--remote-sites 2``: both prefill sites deployed, each with its own WAN path, and a link-cut
+drill of one site started through the testbed's API fails its traffic over to the other site
+(0 failed requests, no full timeout waited, at most a handful of fallbacks) and traffic returns
+to it once restored."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import sqlite3
@@ -15,6 +20,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from pathlib import Path
@@ -132,6 +138,124 @@ def test_make_run_netns_runs_the_sites_in_namespaces_and_removes_them(tmp_path):
     assert suffix not in links.stdout
 
 
+class ConsoleApi:
+    """The testbed console's REST API as an operator uses it: a token for ``admin`` (the
+    password the testbed printed), JSON in and out."""
+
+    def __init__(self, ready: dict, output: str) -> None:
+        self.url = ready["console_url"]
+        self.context = ssl.create_default_context(cafile=ready["ca"])
+        password = re.search(r"login:\s+admin / (\S+)", output)
+        assert password, output[-3000:]
+        _, body = self.call("POST", "/api/auth/token/", {"username": "admin",
+                                                          "password": password[1]})  # fmt: skip
+        self.token = body["token"]
+
+    def call(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+        headers = {"Content-Type": "application/json"}
+        if getattr(self, "token", None):
+            headers["Authorization"] = f"Token {self.token}"
+        request = urllib.request.Request(  # noqa: S310 - the testbed's console
+            self.url + path, method=method, headers=headers,
+            data=None if body is None else json.dumps(body).encode(),
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=30, context=self.context) as r:  # noqa: S310
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+
+def test_make_run_two_remote_sites_a_one_site_link_cut_fails_over_to_the_other(tmp_path):
+    seen: dict[str, object] = {}
+
+    def while_up(ready: dict, db: sqlite3.Connection) -> None:
+        pools = db.execute(
+            "SELECT s.name, p.role FROM deployments_pool p JOIN inventory_site s "
+            "ON s.id = p.site_id WHERE p.deployment_id = ? ORDER BY s.name",
+            (ready["deployment_id"],),
+        ).fetchall()
+        seen["pools"] = pools
+        seen["links"] = db.execute(
+            "SELECT f.name, t.name FROM inventory_link l JOIN inventory_site f "
+            "ON f.id = l.from_site_id JOIN inventory_site t ON t.id = l.to_site_id ORDER BY f.name"
+        ).fetchall()
+        seen["probes"] = sorted(
+            p["from_site"]
+            for p in json.loads(db.execute(
+                "SELECT evidence FROM runs_steprun WHERE run_id = ? AND name = 'wan_baseline'",
+                (ready["deploy_run"],),
+            ).fetchone()[0])["probes"]
+        )  # fmt: skip
+        api = ConsoleApi(ready, (tmp_path / "run.out").read_text())
+        # The user's way: a link-cut drill of site "remote" through the API, under load (every
+        # prompt over the 64-token remote threshold), site "remote-b" kept.
+        status, drill = api.call("POST", "/api/drills/", {
+            "name": "cut-remote", "deployment": ready["deployment_id"], "kind": "link_cut",
+            "site": "remote", "baseline_s": 4, "fault_s": 8, "after_s": 3,
+            "recover_timeout_s": 90,
+            "load_profile": {"concurrency": 3, "mix": "1:200:0.3", "min_prompt_tokens": 100,
+                             "max_prompt_tokens": 300, "max_tokens": 4},
+            "criteria": {"max_fallback_requests": 5, "max_time_to_recover_s": 90},
+            "targets": {"verify_prompts": [200]},
+        })  # fmt: skip
+        assert status == 201, drill
+        report_id = drill["last_report"]["id"]
+        deadline = time.monotonic() + 300
+        while (report := api.call("GET", f"/api/drill-reports/{report_id}/")[1])["state"] == (
+            "running"
+        ):
+            assert time.monotonic() < deadline, report
+            time.sleep(1)
+        seen["report"] = report
+        bad = api.call("POST", "/api/drills/", {"name": "cut-west", "kind": "link_cut",
+                                                "deployment": ready["deployment_id"],
+                                                "site": "west", "run_now": False})  # fmt: skip
+        seen["bad_site"] = bad
+
+    ready, _ = smoke(tmp_path, ["--remote-sites", "2"], while_up)
+
+    assert sorted(ready["agents"]) == ["local", "remote", "remote-b"]
+    assert seen["pools"] == [("local", "decode"), ("remote", "prefill"), ("remote-b", "prefill")]
+    assert seen["links"] == [("remote", "local"), ("remote-b", "local")]
+    assert seen["probes"] == ["remote", "remote-b"]  # each site's own WAN path probed
+    report = seen["report"]
+    print(f"\none-site link cut: {report['requests']}, sites {report['sites']}, "
+          f"detect {report['time_to_detect_s']} s, recover {report['time_to_recover_s']} s")  # fmt: skip
+    assert report["state"] == "passed", report["criteria_results"]
+    assert (report["site"], report["sites"]["faulted"]) == ("remote", "remote")
+    assert report["failed_requests"] == 0
+    served = report["sites"]["served"]
+    assert served["before"].get("remote", 0) > 0
+    assert served["before"].get("remote-b", 0) > 0
+    # While remote was cut, remote-b served (a request that started as the cut was being
+    # injected may still have got its KV through remote).
+    assert served["during"].get("remote-b", 0) >= 10
+    assert served["during"].get("remote", 0) <= 2
+    during = report["requests"]["during"]
+    assert sum(n for k, n in during.items() if k.startswith("fallback/")) <= 5
+    # No request waited the full TTFT budget (the deployment's 15 s KV timeout, after which
+    # it would have fallen back): the few that were on remote when it was cut were failed
+    # over at the site timeout (half of it), the rest went to remote-b at once.
+    failover = report["sites"]["failover_ttft"]
+    assert failover["n"] >= 1
+    assert failover["max"] < 15
+    assert report["ttft"]["during"]["all"]["p50"] < 2
+    # Restored: traffic returns to remote.
+    assert served["after"].get("remote", 0) >= 1
+    assert report["time_to_recover_s"] is not None
+    rows = {r["criterion"]: r["passed"] for r in report["criteria_results"]}
+    assert rows["require_failover"] is True
+    assert rows["max_fallback_requests"] is True
+    assert "require_fallback" not in rows
+    status, body = seen["bad_site"]
+    assert status == 400
+    assert body["site"] == [
+        "site: 'west' is not a prefill site of deployment demo (one of: remote, remote-b; "
+        "empty: every prefill site)"
+    ]
+
+
 def smoke(tmp_path: Path, args: list[str], while_up=None) -> tuple[dict, str]:
     """Run the testbed with ``args`` through the whole smoke check; ``while_up(ready, db)``
     looks at it while it is up. Returns the ready file and the output."""
@@ -189,7 +313,7 @@ def smoke(tmp_path: Path, args: list[str], while_up=None) -> tuple[dict, str]:
         final = reports()
         db.close()
         assert len(catalog_sha) == 64
-        assert len(final) == 2
+        assert len(final) == len(ready["agents"])  # a node per site
         for _, tls, weights in final:
             assert tls["mtls"] is True
             assert tls["not_after"] > time.strftime("%Y-%m-%d")
