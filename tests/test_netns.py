@@ -1,7 +1,9 @@
 """``pdbridge.netns``: the two namespace sites of ``pdbridge run --netns`` and the deploy-flow
 tests — one address per site, the console address reachable from both, the sites joined only
 by the tbf-shaped WAN veth (a cut separates them and nothing else), teardown leaves nothing;
-and the clear errors of ``pdbridge run --netns`` without root or without iproute2."""
+and the clear errors of ``pdbridge run --netns`` without root or without iproute2. With
+``remote_sites=2`` (``pdbridge run --remote-sites 2 --netns``) each remote site has its own
+shaped WAN veth to the local site: cutting one leaves the other."""
 
 from __future__ import annotations
 
@@ -103,6 +105,55 @@ def test_sites_reach_the_console_and_each_other_only_over_the_wan():
 
 
 @pytest.mark.netns
+def test_two_remote_sites_each_reach_the_local_site_over_their_own_wan(tmp_path):
+    require_netns()
+    record = tmp_path / "netns.json"
+    with netns.namespace_sites(rate_mbit=50, remote_sites=2) as sites:
+        local, remote, b = sites.local, sites.remote, sites.site("remote-b")
+        sites.record(record)
+        server, port = _listen(sites, "local")
+        try:
+            assert _dial(sites, "remote", local.address, port) == remote.address
+            assert _dial(sites, "remote-b", local.address, port) == b.address
+            # The remote sites do not reach each other (no forwarding anywhere).
+            assert _dial(sites, "remote", b.address, port).startswith("error")
+
+            sites.set_wan(False, "remote")
+            assert (sites.wan_up("remote"), sites.wan_up("remote-b")) == (False, True)
+            assert _dial(sites, "remote", local.address, port).startswith("error")
+            assert _dial(sites, "remote-b", local.address, port) == b.address
+
+            sites.set_wan(True, "remote")
+            assert _dial_until(sites, "remote", local.address, port) == remote.address
+        finally:
+            server.kill()
+            server.wait()
+        for site, dev in ((b, b.wan), (local, sites.local_end(b))):
+            qdisc = subprocess.run(
+                ["ip", "netns", "exec", site.namespace, "tc", "qdisc", "show", "dev", dev],
+                capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            assert "50Mbit" in qdisc, dev
+        assert (
+            b.namespace == f"{netns.default_prefix()}-remote-b-{local.namespace.rsplit('-', 1)[1]}"
+        )
+        assert [s.name for s in sites.all] == ["local", "remote", "remote-b"]
+        assert len(set(sites.addresses)) == 4
+        assert all(len(n) <= 15 for n in (b.mgmt, b.mgmt_root, b.wan, b.wan_peer))
+        present = sites.exists()
+        assert len(present) == 6  # three namespaces, three root-side veth ends
+        # A killed run's record names every remote site.
+        assert sorted(netns.remove_recorded(record)) == sorted(present)
+    assert sites.exists() == []
+
+
+def test_remote_sites_are_one_to_three():
+    assert netns.remote_site_names(3) == ("remote", "remote-b", "remote-c")
+    with pytest.raises(ValueError, match="remote sites: 1 to 3, got 4"):
+        netns.remote_site_names(4)
+
+
+@pytest.mark.netns
 def test_two_runs_get_distinct_names_and_addresses_and_a_killed_run_is_cleaned_up(tmp_path):
     require_netns()
     record = tmp_path / "netns.json"
@@ -174,6 +225,9 @@ def test_run_netns_without_iproute2_says_so(tmp_path):
         (["--netns", "--check"], "--netns: runs the testbed's sites"),
         (["--netns", "--wan-mbit", "0"], "--wan-mbit: must be positive, got 0.0"),
         (["--wan-latency-ms", "-1"], "--wan-latency-ms: must be 0 or more"),
+        (["--remote-sites", "0"], "--remote-sites: 1 to 3 remote prefill sites, got 0"),
+        (["--remote-sites", "4"], "--remote-sites: 1 to 3 remote prefill sites, got 4"),
+        (["--remote-sites", "2", "--console-only"], "--remote-sites: the testbed's sites"),
     ],
 )
 def test_run_option_errors_name_the_option(argv, message, capsys):
