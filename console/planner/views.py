@@ -1,7 +1,12 @@
 """The planner page: pick the case study, a saved scenario or paste a scenario body, see the
 verdict, the optimum, the baselines and the charts. Server-rendered; evaluation is the same
 as ``POST /api/planner/evaluate/`` (milliseconds). Any role may use it; a bad body is shown
-as an error on the page (status 400), never a 500."""
+as an error on the page (status 400), never a 500.
+
+Below, the recorded traffic of one tidal schedule (``?tidal=<id>``, else the first by
+deployment name) priced with and without the schedule, as on that schedule's page
+(``console.schedules.views.recorded_context``; ``?days=`` 1-31, default 7): a bounded number
+of queries whatever the number of schedules or samples."""
 
 from __future__ import annotations
 
@@ -24,9 +29,35 @@ from console.planner.model import evaluate
 from console.planner.models import PlannerScenario
 from console.planner.presets import PRESETS, preset_scenario
 from console.planner.selectors import scenario_resolve
+from console.schedules.models import TidalSchedule
+from console.schedules.views import recorded_context
 
 DEFAULT_PRESET = "prfaas-case-study"
 MAX_BODY_CHARS = 2_500_000
+MAX_TIDAL_LINKS = 50  # schedules named in the recorded-cost picker
+
+
+def _tidal_section(request: HttpRequest) -> tuple[dict[str, Any], int]:
+    """The recorded-cost section: the schedules to pick from and the picked one's answer."""
+    schedules = list(
+        TidalSchedule.objects.select_related("deployment", "remote_site", "local_site").order_by(
+            "deployment__name", "pk"
+        )[:MAX_TIDAL_LINKS]
+    )
+    raw = request.GET.get("tidal", "")
+    picked = next((s for s in schedules if is_id(raw) and s.pk == int(raw)), None)
+    if picked is None and is_id(raw):
+        picked = (
+            TidalSchedule.objects.select_related("deployment", "remote_site", "local_site")
+            .filter(pk=int(raw))
+            .first()
+        )
+    picked = picked or (schedules[0] if schedules else None)
+    context: dict[str, Any] = {"tidal_schedules": schedules, "tidal_picked": picked}
+    if picked is None:
+        return context, 200
+    section, status = recorded_context(request, picked, query=f"tidal={picked.pk}&")
+    return {**context, **section}, status
 
 
 def _initial_body(request: HttpRequest) -> tuple[Any, str]:
@@ -69,7 +100,9 @@ def planner_page(request: HttpRequest) -> HttpResponse:
             result = evaluate(parse_scenario(resolved), with_sweeps=True)
         except PlannerInputError as exc:
             error = f"{exc.field}: {exc.message}" if exc.field else exc.message
+    tidal, tidal_status = _tidal_section(request)
     context = {
+        **tidal,
         "label": label,
         "body_text": text,
         "error": error,
@@ -79,4 +112,5 @@ def planner_page(request: HttpRequest) -> HttpResponse:
         "threshold_chart": threshold_chart(result) if result else "",
         "split_chart": split_chart(result) if result else "",
     }
-    return render(request, "planner/planner.html", context, status=400 if error else 200)
+    status = 400 if error else tidal_status
+    return render(request, "planner/planner.html", context, status=status)

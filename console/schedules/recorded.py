@@ -159,6 +159,10 @@ def compare(inputs: CostInputs) -> dict[str, Any]:
         "hours_with_data": with_data,
         "hours_without_data": len(inputs.hours) - with_data,
         "hours_idle": idle,
+        "hours_by_source": {
+            source: sum(1 for h in inputs.hours if h.source == source)
+            for source in (SOURCE_APPLIED, SOURCE_HELD, SOURCE_STATIC)
+        },
         "empty": tokens_total == 0,
         "tokens_per_request": inputs.tokens_per_request,
         "gpus_per_instance": inputs.gpus_per_instance,

@@ -20,6 +20,7 @@ from console.deployments.choices import PoolRole
 from console.deployments.models import Pool
 from console.schedules.choices import FINAL_OUTCOMES
 from console.schedules.models import TidalApplication, TidalSchedule
+from console.schedules.policy import TidalInputs
 from console.schedules.recorded import (
     SOURCE_APPLIED,
     SOURCE_HELD,
@@ -95,12 +96,14 @@ def tidal_recorded_cost(
     days: int = DEFAULT_DAYS,
     static_instances: int | None = None,
     now: datetime | None = None,
+    inputs: TidalInputs | None = None,
 ) -> dict[str, Any]:
     """The last ``days`` whole schedule-local hours before ``now``: recorded traffic priced as
     the schedule ran it and with the deployment's static remote instances (``static_instances``
-    overrides the count). ``ValidationError`` naming the field when the schedule's stored
-    inputs do not parse; ``ValueError`` from ``recorded.check_inputs``."""
-    inputs = tidal_inputs(schedule)
+    overrides the count; ``inputs``: the schedule's ``tidal_inputs`` when the caller has them).
+    ``ValidationError`` naming the field when the schedule's stored inputs do not parse;
+    ``ValueError`` from ``recorded.check_inputs``."""
+    inputs = inputs or tidal_inputs(schedule)
     # In UTC: arithmetic on zone-aware datetimes is wall-clock arithmetic (wrong across DST).
     until = local_hour(schedule, now or timezone.now()).astimezone(UTC)
     since = until - timedelta(days=days)

@@ -2,7 +2,9 @@
 service (``services.tidal_inputs`` + ``policy.day_plan``, the same as ``GET
 /api/tidal-schedules/<id>/what-if/``; nothing is written): prices per site by hour, the
 planned remote instances and remote share by hour against the capacity window, and the cost
-per million tokens against the all-local and always-remote schedules. Blocking (the plan
+per million tokens against the all-local and always-remote schedules, and the recorded
+traffic of the last days priced with and without the schedule (``selectors.
+tidal_recorded_cost``, the same as ``GET /api/tidal-schedules/<id>/recorded-cost/``). Blocking (the plan
 sweeps the planner grid per candidate count); a schedule whose inputs do not plan shows the
 field at fault instead of an error page. Operators create and edit schedules and each site's
 hourly price table here (``TidalScheduleForm`` / ``PriceTableForm`` through the API's
@@ -26,7 +28,8 @@ from console.core.forms import call_service
 from console.core.pages import action_view, is_id, page_view, paginate
 from console.core.roles import user_has_role
 from console.inventory.models import Site
-from console.schedules import policy, services
+from console.schedules import policy, selectors, services
+from console.schedules.charts import recorded_cost_chart
 from console.schedules.forms import PriceTableForm, TidalScheduleForm
 from console.schedules.models import SitePriceTable, TidalSchedule
 
@@ -113,6 +116,45 @@ def _cost_rows(plan: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def recorded_days(request: HttpRequest) -> tuple[int, str]:
+    """``?days=`` of the recorded-cost section (default 7, 1-31) and an error naming it."""
+    raw = request.GET.get("days", "").strip()
+    if not raw:
+        return selectors.DEFAULT_DAYS, ""
+    if raw.isdigit() and 1 <= int(raw) <= selectors.MAX_DAYS:
+        return int(raw), ""
+    return selectors.DEFAULT_DAYS, f"days: must be a whole number from 1 to {selectors.MAX_DAYS}"
+
+
+def recorded_context(
+    request: HttpRequest,
+    schedule: TidalSchedule,
+    inputs: policy.TidalInputs | None = None,
+    query: str = "",
+) -> tuple[dict[str, Any], int]:
+    """The recorded-cost section (``schedules/_recorded_cost.html``, on the tidal page and the
+    planner page): its answer and chart, or the error naming the field (status 400 for a bad
+    ``?days=``). ``query`` is kept in the section's day links (the planner's ``tidal=<id>&``)."""
+    days, error = recorded_days(request)
+    context: dict[str, Any] = {
+        "recorded_days": days,
+        "recorded_choices": (1, 7, 14, 31),
+        "recorded_query": query,
+        "recorded_schedule": schedule,
+    }
+    if error:
+        return {**context, "recorded_error": error}, 400
+    try:
+        recorded = selectors.tidal_recorded_cost(schedule=schedule, days=days, inputs=inputs)
+    except ValidationError as exc:  # a stored input that no longer validates, by field
+        message = "; ".join(f"{k}: {' '.join(v)}" for k, v in exc.message_dict.items())
+        return {**context, "recorded_error": message}, 200
+    except ValueError as exc:  # recorded.check_inputs names the table
+        return {**context, "recorded_error": str(exc)}, 200
+    context.update(recorded=recorded, recorded_chart=recorded_cost_chart(recorded))
+    return context, 200
+
+
 @page_view
 @require_GET
 def tidal_detail(request: HttpRequest, pk: int) -> HttpResponse:
@@ -160,7 +202,9 @@ def tidal_detail(request: HttpRequest, pk: int) -> HttpResponse:
         cost_rows=_cost_rows(plan),
         hours=plan["hours"],
     )
-    return render(request, "schedules/tidal_detail.html", context)
+    recorded, status = recorded_context(request, schedule, inputs)
+    context.update(recorded)
+    return render(request, "schedules/tidal_detail.html", context, status=status)
 
 
 def _operator_form(request: HttpRequest) -> None:

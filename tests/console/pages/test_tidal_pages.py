@@ -6,7 +6,11 @@ from __future__ import annotations
 
 from console.schedules.models import TidalSchedule
 from tests.console.pages.test_render import MAX_QUERIES
-from tests.console.schedules.conftest import REMOTE_PRICES, tidal  # noqa: F401  (a fixture)
+from tests.console.schedules.conftest import (  # noqa: F401  (tidal: a fixture)
+    REMOTE_PRICES,
+    serve_last_hours,
+    tidal,
+)
 
 
 def test_tidal_list_empty(client_as, db, django_assert_max_num_queries):
@@ -78,3 +82,52 @@ def test_tidal_pages_need_a_role(client, client_as, tidal):  # noqa: F811
     assert client.get(url).status_code == 302
     assert client_as(None).get(url).status_code == 403
     assert client_as("viewer").get("/tidal/999999/").status_code == 404
+
+
+def test_tidal_page_prices_the_recorded_traffic_with_and_without_the_schedule(
+    client_as,
+    api_as,
+    tidal,  # noqa: F811
+    django_assert_max_num_queries,
+):
+    serve_last_hours(tidal)
+    schedule = tidal.schedule
+    api = api_as("viewer").get(f"/api/tidal-schedules/{schedule.pk}/recorded-cost/").json()
+    client = client_as("viewer")
+
+    with django_assert_max_num_queries(MAX_QUERIES):
+        response = client.get(f"/tidal/{schedule.pk}/")
+    html = response.content.decode()
+
+    assert response.status_code == 200
+    assert html.count("plotly-graph-div") == 4  # prices, plan, cost by hour, recorded cost
+    assert 'id="recorded-totals"' in html
+    for key in ("scheduled", "static"):
+        cost = api["totals"][key]["cost_per_million_tokens"]
+        assert f"{cost:.4f}" in html, key
+    assert "3 h applied" in html
+    assert "3 hours with traffic; 165 without a sample" in html
+    assert f'href="/planner/?tidal={schedule.pk}#tidal-recorded"' in html
+    assert '"connectgaps":false' in html
+    assert "null" in html  # the hours without a sample are gaps in the lines
+
+
+def test_tidal_page_without_recorded_traffic_says_so(client_as, tidal):  # noqa: F811
+    html = client_as("viewer").get(f"/tidal/{tidal.schedule.pk}/").content.decode()
+
+    assert 'id="recorded-empty"' in html
+    assert "No recorded traffic in the last 7 days" in html
+    assert html.count("plotly-graph-div") == 3  # no chart for nothing
+    assert 'id="recorded-totals"' not in html
+
+
+def test_tidal_page_days_choice_and_a_bad_days_named(client_as, tidal):  # noqa: F811
+    client = client_as("viewer")
+
+    one = client.get(f"/tidal/{tidal.schedule.pk}/?days=1").content.decode()
+    bad = client.get(f"/tidal/{tidal.schedule.pk}/?days=99")
+
+    assert "Last 1 day " in one
+    assert bad.status_code == 400
+    assert 'id="recorded-error"' in bad.content.decode()
+    assert "days: must be a whole number from 1 to 31" in bad.content.decode()

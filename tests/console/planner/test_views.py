@@ -3,6 +3,7 @@ import json
 import pytest
 
 from console.planner.presets import preset_scenario
+from tests.console.schedules.conftest import serve_last_hours, tidal  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.django_db
 
@@ -116,3 +117,45 @@ def test_the_partial_plotly_bundle_is_served_only_for_the_installed_version(clie
     assert plotly_version(full) == plotly_version(PLOTLY_BASIC.read_bytes()) == "4.1.1"
     assert served["X-Plotly-Bundle"] == "basic"
     assert len(served.content) < len(full) / 3
+
+
+# --- the recorded cost of a tidal schedule -------------------------------------------------
+
+
+def test_planner_page_without_a_tidal_schedule_says_how_to_get_one(logged_in):
+    html = logged_in("viewer").get(PAGE).content.decode()
+
+    assert 'id="tidal-recorded-none"' in html
+    assert 'href="/tidal/new/"' in html
+
+
+def test_planner_page_shows_a_schedules_recorded_cost_with_and_without_it(
+    logged_in,
+    api_as,
+    tidal,  # noqa: F811
+    django_assert_max_num_queries,
+):
+    serve_last_hours(tidal)
+    schedule = tidal.schedule
+    api = api_as("viewer").get(f"/api/tidal-schedules/{schedule.pk}/recorded-cost/?days=1").json()
+    client = logged_in("viewer")
+
+    with django_assert_max_num_queries(24):  # the planner's own, plus one schedule's section
+        response = client.get(f"{PAGE}?tidal={schedule.pk}&days=1")
+    html = response.content.decode()
+
+    assert response.status_code == 200
+    assert 'id="tidal-recorded"' in html
+    for key in ("scheduled", "static"):
+        cost = api["totals"][key]["cost_per_million_tokens"]
+        assert f"{cost:.4f}" in html, key
+    assert f'href="/tidal/{schedule.pk}/#recorded-cost"' in html
+    assert f'href="?tidal={schedule.pk}&amp;days=7#recorded-cost"' in html
+    assert html.count("plotly-graph-div") == 3  # threshold, split, recorded cost
+
+
+def test_planner_page_bad_days_is_named(logged_in, tidal):  # noqa: F811
+    response = logged_in("viewer").get(f"{PAGE}?days=0")
+
+    assert response.status_code == 400
+    assert "days: must be a whole number from 1 to 31" in response.content.decode()

@@ -4,13 +4,22 @@ a remote site whose GPU-hour price follows a day/night tide, and a flat local pr
 from __future__ import annotations
 
 import copy
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from console.deployments.services import deployment_transition, pool_update
 from console.planner.presets import preset_scenario
-from console.schedules.services import price_table_create, tidal_schedule_create
+from console.schedules.services import (
+    local_hour,
+    price_table_create,
+    tidal_apply_hour,
+    tidal_schedule_create,
+)
+from console.telemetry import names
+from console.telemetry.services import samples_record_many
 from tests.console.factories import NodeFactory
 
 # Remote GPU-hour prices by hour: cheap at night (0-7), normal by day, a peak 18-21.
@@ -50,3 +59,19 @@ def tidal(world: Any) -> Any:
         deployment_transition(actor=None, deployment=world.deployment, to_state=state)
     world.deployment.refresh_from_db()
     return world
+
+
+def serve_last_hours(tidal: Any, hours: int = 3) -> None:
+    """The beat applied the last ``hours`` whole hours and the gateway scrape recorded
+    3 req/s remote, 1 req/s local in each of them (the hour before them: nothing)."""
+    now = local_hour(tidal.schedule, timezone.now())
+    for back in range(1, hours + 1):
+        hour = now - timedelta(hours=back)
+        tidal_apply_hour(schedule_id=tidal.schedule.pk, now=hour + timedelta(minutes=1))
+        for path, rate in (("remote", 3.0), ("local", 1.0)):
+            samples_record_many(
+                subject=tidal.deployment,
+                values={names.REQUESTS: rate},
+                labels={"path": path},
+                at=hour + timedelta(minutes=5),
+            )
