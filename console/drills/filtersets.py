@@ -8,7 +8,7 @@ from console.drills.models import Drill, DrillReport
 class DrillFilterSet(django_filters.FilterSet):
     class Meta:
         model = Drill
-        fields = ["deployment", "kind", "name"]
+        fields = ["deployment", "kind", "name", "site"]
 
 
 class DrillReportFilterSet(django_filters.FilterSet):
@@ -16,4 +16,4 @@ class DrillReportFilterSet(django_filters.FilterSet):
 
     class Meta:
         model = DrillReport
-        fields = ["drill", "kind", "state", "trigger"]
+        fields = ["drill", "kind", "state", "trigger", "site"]

@@ -344,3 +344,20 @@ def test_a_site_pool_removed_after_the_drill_was_written_is_400_at_run(api_as, w
 
     assert response.status_code == 400
     assert "'east' is not a prefill site" in response.json()["site"][0]
+
+
+def test_drills_and_reports_filter_by_site(api_as, world):
+    _second_site(world)
+    for name, site in (("cut-all", ""), ("cut-east", "east")):
+        drill = services.drill_create(
+            actor=None, name=name, deployment=world.deployment, kind="link_cut", site=site
+        )
+        report = services.drill_run(actor=None, drill=drill)
+        services.drill_report_abort(run_id=report.run_id, error="test: one at a time")
+        WorkflowRun.objects.filter(pk=report.run_id).update(state="failed")
+
+    drills = api_as("viewer").get("/api/drills/?site=east").json()["results"]
+    reports = api_as("viewer").get("/api/drill-reports/?site=east").json()["results"]
+
+    assert [d["name"] for d in drills] == ["cut-east"]
+    assert [(r["drill_name"], r["site"]) for r in reports] == [("cut-east", "east")]
