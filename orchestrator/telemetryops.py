@@ -31,7 +31,7 @@ from console.inventory.models import Link
 from console.telemetry import names
 from console.telemetry.models import MetricSample
 from console.telemetry.services import samples_record_many, subject_key
-from orchestrator import agentops
+from orchestrator import agentops, capacityops
 from orchestrator.workflows import gateway_metrics as gm
 
 log = logging.getLogger("pdbridge.orchestrator.telemetry")
@@ -120,15 +120,28 @@ def record_window(
     return written
 
 
+def _capacity(deployment: Deployment, now: datetime) -> int:
+    """The engines' capacity samples (:mod:`orchestrator.capacityops`); a deployment whose
+    config cannot be built is logged and skipped."""
+    try:
+        return capacityops.collect_capacity(deployment, build_config(deployment), now)
+    except Exception as exc:  # the gateway half must still run
+        log.warning(
+            "capacity_collect_failed", extra={"deployment": deployment.pk, "error": repr(exc)}
+        )
+        return 0
+
+
 def collect_deployment(deployment: Deployment, now: datetime | None = None) -> int:
     """Scrape one deployment's gateways and record its samples; returns how many were written
     (0 when no gateway answered)."""
     now = now or timezone.now()
+    written = _capacity(deployment, now)
     figures, extra = _scrape(deployment)
     if figures is None:
-        return 0
+        return written
     previous = _previous(deployment)
-    written = samples_record_many(
+    written += samples_record_many(
         subject=deployment,
         values={SCRAPE: sum(figures["requests"].values())},
         labels=figures,

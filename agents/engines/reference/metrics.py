@@ -122,6 +122,15 @@ class EngineMetrics:
         self.kv_bytes = Counter(
             "pdbridge:kv_bytes", "KV bytes sent or received.", [*labels, "direction"], registry=r
         )
+        # Seconds the compute thread spent on each phase: with the completed prefills / decodes
+        # (the histograms' counts) this is what a side of the deployment can sustain -- the
+        # rebalancer's producer and consumer capacity (docs/orchestrator.md, "Rebalancing").
+        self.busy = Counter(
+            "pdbridge:engine_busy_seconds",
+            "Compute-thread seconds by phase (prefill: prompt chunks; decode: output tokens).",
+            [*labels, "phase"],
+            registry=r,
+        )
 
     def add_model(self, name: str) -> None:
         """Create a model's series at zero, so scrapers see them before the first request."""
@@ -139,6 +148,8 @@ class EngineMetrics:
             self.cancelled,
         ):
             metric.labels(model_name=name)
+        for phase in ("prefill", "decode"):
+            self.busy.labels(model_name=name, phase=phase)
 
     def render(self) -> bytes:
         """The engine's families, then the process's KV link (``pdbridge_kv_*`` of its

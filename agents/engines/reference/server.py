@@ -144,8 +144,23 @@ class ReferenceEngine:
             await self.receiver.close()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def _compute(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+    async def _compute(
+        self, fn: Callable[..., T], *args: Any, phase: str = "", model: str = ""
+    ) -> T:
+        """Run ``fn`` on the compute thread; with ``phase``, its seconds there count as that
+        phase's busy time of ``model`` (``pdbridge:engine_busy_seconds``)."""
+        if not phase:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        busy = self.metrics.busy.labels(model_name=model, phase=phase)
+
+        def timed() -> T:
+            started = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                busy.inc(time.perf_counter() - started)
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, timed)
 
     # --- simple endpoints -------------------------------------------------------------------
 
@@ -328,7 +343,7 @@ class ReferenceEngine:
                         streamer.on_chunk(cache, start, end, out)
                     return out
 
-                logits = await self._compute(chunk)
+                logits = await self._compute(chunk, phase="prefill", model=sess.req.model)
         except BaseException:
             if streamer is not None:
                 await asyncio.shield(streamer.abort("prefill failed"))
@@ -460,12 +475,14 @@ class ReferenceEngine:
             if i > 0:
                 prev = sess.token_ids[-1]
                 sess.logits = await self._compute(
-                    sess.runner.step, sess.cache, prev, position + i - 1
-                )
+                    sess.runner.step, sess.cache, prev, position + i - 1,
+                    phase="decode", model=sess.req.model,
+                )  # fmt: skip
             token = sampling.pick(sess.logits)
             digest, entry = await self._compute(
-                _step_info, sess.logits, token, sess.req.logprobs, sess.lm.tokenizer
-            )
+                _step_info, sess.logits, token, sess.req.logprobs, sess.lm.tokenizer,
+                phase="decode", model=sess.req.model,
+            )  # fmt: skip
             if entry is not None:
                 sess.logprobs = [*(sess.logprobs or []), entry]
             now = time.monotonic()

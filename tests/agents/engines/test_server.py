@@ -200,6 +200,27 @@ def test_models_health_and_metrics_endpoints(engine_pair):
         assert name in text
 
 
+def test_the_engine_reports_its_busy_seconds_by_phase_as_the_rebalancer_reads_them(engine_pair):
+    """A local completion adds one prefill and one decode and some compute seconds of each:
+    what ``orchestrator.capacityops`` turns into the decode side's capacity."""
+    from orchestrator.capacityops import engine_capacity, parse_engine
+
+    _, decode = engine_pair
+    before = parse_engine(get(f"{decode.url}/metrics")[1])
+    body = {"model": "qwen3-next", "prompt": make_prompt(300, seed=3), "max_tokens": 6,
+            "temperature": 0, "ignore_eos": True}  # fmt: skip
+    assert post(f"{decode.url}/v1/completions", body)[0] == 200
+    after = parse_engine(get(f"{decode.url}/metrics")[1])
+
+    for phase in ("prefill", "decode"):
+        assert after["done"][phase] == before["done"].get(phase, 0) + 1
+        assert after["busy"][phase] > before["busy"].get(phase, 0)
+    capacity = engine_capacity(before, after, "decode")
+    assert capacity is not None
+    assert capacity > 0
+    assert capacity == pytest.approx(1 / (after["busy"]["decode"] - before["busy"]["decode"]))
+
+
 def test_fingerprint_mismatch_is_refused_before_decode(engine_pair, spool):
     prefill, decode = engine_pair
     tid = f"t-{uuid.uuid4().hex}"

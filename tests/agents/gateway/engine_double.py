@@ -76,6 +76,11 @@ class EngineDouble:
         self.release = asyncio.Event()
         self.max_prompt_chars = 30_000
         self.waiting = 0
+        # What a real engine's metrics say about its work, from the double's own delays (its
+        # stand-in for compute): completed prefill legs and decodes, seconds of each.
+        self.prefills = 0
+        self.decodes = 0
+        self.busy_s = {"prefill": 0.0, "decode": 0.0}
         self.requests: list[dict[str, Any]] = []
         self.raw_bodies: list[bytes] = []
         self.headers: list[Any] = []
@@ -111,10 +116,22 @@ class EngineDouble:
         return web.json_response({})
 
     async def metrics(self, request: web.Request) -> web.Response:
+        model = 'model_name="tiny"'
         return web.Response(
             text=(
                 "# TYPE vllm:num_requests_waiting gauge\n"
-                f'vllm:num_requests_waiting{{model_name="tiny",engine="0"}} {self.waiting}\n'
+                f'vllm:num_requests_waiting{{{model},engine="0"}} {self.waiting}\n'
+                "# TYPE vllm:request_prefill_time_seconds summary\n"
+                f"vllm:request_prefill_time_seconds_count{{{model}}} {self.prefills}\n"
+                f"vllm:request_prefill_time_seconds_sum{{{model}}} {self.busy_s['prefill']}\n"
+                "# TYPE vllm:request_decode_time_seconds summary\n"
+                f"vllm:request_decode_time_seconds_count{{{model}}} {self.decodes}\n"
+                f"vllm:request_decode_time_seconds_sum{{{model}}} {self.busy_s['decode']}\n"
+                "# TYPE pdbridge:engine_busy_seconds counter\n"
+                + "".join(
+                    f'pdbridge:engine_busy_seconds_total{{{model},phase="{p}"}} {s}\n'
+                    for p, s in self.busy_s.items()
+                )
             )
         )
 
@@ -176,6 +193,8 @@ class EngineDouble:
             )  # fmt: skip
         if kv.get("do_remote_decode"):
             await asyncio.sleep(self.prefill_delay_s)
+            self.prefills += 1
+            self.busy_s["prefill"] += self.prefill_delay_s
             handle = kv.get("transfer_id") or f"pull-{uuid.uuid4().hex}"
             if not self.drop_kv:
                 self.kv.event(handle).set()
@@ -210,6 +229,8 @@ class EngineDouble:
             await asyncio.sleep(self.local_prefill_delay_s)
         n = body.get("max_tokens") or body.get("max_completion_tokens") or 8
         words = tokens_for(prompt, n)
+        self.decodes += 1
+        self.busy_s["decode"] += self.token_delay_s * n
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
         if not body.get("stream"):
