@@ -394,9 +394,12 @@ def allowlist_evidence(kind: str, launch_settings: dict[str, Any]) -> dict[str, 
 
 
 def gateway_url(target: Target) -> str:
-    """Base URL of the gateway on a decode node (HTTPS unless the controller runs insecure)."""
+    """Base URL of the gateway on a decode node (HTTPS unless the controller runs insecure):
+    ``engine_settings.gateway_host`` when the orchestrator reaches it elsewhere than the node's
+    engines (a NAT or load-balancer address in front of it), else the node's host."""
     scheme = "http" if settings.PDBRIDGE_CONTROLLER_INSECURE else "https"
-    return f"{scheme}://{target.host}:{target.gateway_port}"
+    host = target.settings.get("gateway_host") or target.host
+    return f"{scheme}://{host}:{target.gateway_port}"
 
 
 def child_name(deployment_id: int, part: str) -> str:

@@ -120,12 +120,12 @@ def _iso(moment: datetime) -> str:
     return moment.isoformat(timespec="milliseconds")
 
 
-def _gateways_drained(
-    config: dict[str, Any], site: str, hosts: list[str], version: int
+def gateways_drained(
+    config: dict[str, Any], site: str, hosts: list[str], version: int, role: str = "prefill"
 ) -> tuple[bool, list[dict[str, Any]]]:
-    """Whether every decode gateway of the deployment applied ``version`` and has no prefill
-    leg in flight to ``hosts`` at ``site``; with each gateway's answer (evidence). A gateway
-    that does not answer has not applied it."""
+    """Whether every decode gateway of the deployment applied ``version`` and has no
+    ``role`` leg in flight to ``hosts`` at ``site``; with each gateway's answer (evidence). A
+    gateway that does not answer has not applied it. Also the rebalance workflow's drain."""
     ssl_ctx = agentops.http_ssl_context()
     answers: list[dict[str, Any]] = []
     for target in agentops.targets(config, "decode"):
@@ -135,7 +135,7 @@ def _gateways_drained(
         except Exception as exc:  # unreachable: not applied (the drain timeout bounds it)
             answers.append({"gateway": url, "error": repr(exc)[:300], "applied": False})
             continue
-        inflight = page["instance_in_flight"].get("prefill", {}).get(site, {})
+        inflight = page["instance_in_flight"].get(role, {}).get(site, {})
         legs = sum(int(n) for u, n in inflight.items() if urlsplit(u).hostname in hosts)
         applied = (page["config_version"] or 0) >= version
         answers.append(
@@ -236,7 +236,7 @@ def _step(
         scale["agents"] = list({**done, **results}.values())
         return DRAINING, errors
     if to_stop and drain.get("state") == "waiting":
-        ok, answers = _gateways_drained(config, site, to_stop, int(drain["version"]))
+        ok, answers = gateways_drained(config, site, to_stop, int(drain["version"]))
         drain["gateways"] = answers
         drain["checks"] = int(drain.get("checks", 0)) + 1
         waited = timezone.now() - datetime.fromisoformat(drain["started_at"])

@@ -18,6 +18,7 @@ WORKFLOWS: dict[str, str] = {
     "canary": "orchestrator.workflows.canary",
     "drill_link_cut": "orchestrator.workflows.drill",
     "drill_remote_restart": "orchestrator.workflows.drill",
+    "rebalance": "orchestrator.workflows.rebalance",
 }
 
 

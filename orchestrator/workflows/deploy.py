@@ -221,7 +221,7 @@ def _launch_pool(ctx: StepContext, deployment: Deployment, role: str) -> list[di
     return launched
 
 
-async def _throughput(url: str, model: str, tokens: int, ssl_ctx: Any = None) -> dict[str, Any]:
+async def throughput_check(url: str, model: str, tokens: int, ssl_ctx: Any = None) -> dict[str, Any]:
     """One request of ``tokens`` prompt tokens and 8 output tokens; prompt tokens per second."""
     from agents.engines.verify import make_prompt
 
@@ -250,7 +250,7 @@ async def _throughput(url: str, model: str, tokens: int, ssl_ctx: Any = None) ->
     }
 
 
-def _served_model(target: Target) -> str:
+def served_model(target: Target) -> str:
     """The model id the engine serves (``name=spec`` -> name)."""
     spec = str(target.settings["model"])
     return spec.split("=", 1)[0] if "=" in spec else spec.split("@", 1)[0]
@@ -264,7 +264,7 @@ def remote_prefill(ctx: StepContext) -> StepResult:
     launched = _launch_pool(ctx, deployment, "prefill")
     tokens = max(16, min(deployment.remote_prefill_threshold_tokens, 2048))
     checks = [
-        agentops.run_async(_throughput(t.engine_url, _served_model(t), tokens))
+        agentops.run_async(throughput_check(t.engine_url, served_model(t), tokens))
         for t in agentops.targets(_config(deployment), "prefill")
     ]
     evidence = {"engines": launched, "throughput": checks}
@@ -281,7 +281,7 @@ def local_decode(ctx: StepContext) -> StepResult:
     _deploying(deployment)
     launched = _launch_pool(ctx, deployment, "decode")
     checks = [
-        agentops.run_async(_throughput(t.engine_url, _served_model(t), 64))
+        agentops.run_async(throughput_check(t.engine_url, served_model(t), 64))
         for t in agentops.targets(_config(deployment), "decode")
     ]
     evidence = {
@@ -421,7 +421,7 @@ def verification(ctx: StepContext) -> StepResult:
             run_verification(
                 prefill=target.engine_url,
                 decode=decode.engine_url,
-                model=_served_model(target),
+                model=served_model(target),
                 lengths=lengths,
                 max_tokens=int(ctx.params.get("verify_max_tokens", 8)),
                 kv_destination=decode.kv_address_for(target.site),

@@ -97,8 +97,15 @@ class Bed:
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
+    with agent_bed(tmp_path_factory.mktemp("tidalgw"), site="remote") as made:
+        yield made
+
+
+@contextlib.contextmanager
+def agent_bed(tmp: Path, site: str, double_args: tuple[str, ...] = ()) -> Iterator[Bed]:
+    """Two nodes, each a real agent over mTLS in a namespace of its own, whose engine
+    ``double`` is the engine double process (``double_args``: its delays and so on)."""
     require_netns()
-    tmp = tmp_path_factory.mktemp("tidalgw")
     kv_dir = tmp / "kv"
     kv_dir.mkdir()
     suffix = uuid.uuid4().hex[:5]
@@ -123,7 +130,7 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
             _ip("-n", ns, "link", "set", veth_ns, "up")
             _ip("-n", ns, "link", "set", "lo", "up")
             journal = tmp / f"{ns_ip}.jsonl"
-            config = agent_config(tmp / ns_ip, None, node={"name": ns_ip, "site": "remote"})
+            config = agent_config(tmp / ns_ip, None, node={"name": ns_ip, "site": site})
             config.pop("insecure")
             config["listen"] = f"{ns_ip}:0"
             config["tls"] = {
@@ -136,7 +143,7 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
                 "argv": ["{python}", "-m", "tests.agents.gateway.engine_proc", "--name",
                          "{name}", "--kv-dir", str(kv_dir), "--port", "{port}", "--host",
                          "{settings.host}", "--journal", str(journal), "--max-prompt-chars",
-                         "1000000"],
+                         "1000000", *double_args],
             }  # fmt: skip
             proc, port, _ = _start(tmp / ns_ip, config, ["ip", "netns", "exec", ns])
             procs.append(proc)

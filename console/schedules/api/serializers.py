@@ -134,6 +134,7 @@ class RebalanceProposalSerializer(serializers.ModelSerializer):
             "target_split",
             "moves",
             "reason",
+            "run",
             "decided_by_label",
             "created_at",
             "decided_at",

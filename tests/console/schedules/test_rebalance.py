@@ -1,5 +1,7 @@
-"""Rebalancing: measured producer vs consumer throughput against the planner's optimum split
-of the local pool; proposals with reasons; apply moves nodes through the pool services."""
+"""Rebalancing: measured producer vs consumer capacity against the planner's optimum split
+of the local pool; proposals with reasons; approving one starts its ``rebalance`` run, whose
+``join`` moves the nodes through the pool services (the run against real agents:
+tests/orchestrator/test_rebalance_fleet.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +13,12 @@ from console.deployments.services import pool_create, pool_update
 from console.runs.models import WorkflowRun
 from console.schedules.models import RebalanceProposal
 from console.schedules.rebalance import (
+    REBALANCE_STEPS,
     rebalance_apply,
     rebalance_dismiss,
     rebalance_due,
+    rebalance_finish,
+    rebalance_move_nodes,
     rebalance_propose,
 )
 from console.schedules.services import tidal_schedule_update
@@ -81,14 +86,23 @@ def test_decode_bound_load_proposes_converting_prefill_nodes_to_decode(local8):
     assert rebalance_propose(schedule=local8.schedule, now=NOW) == proposal
 
 
-def test_apply_moves_the_nodes_through_the_pool_services(local8):
+def test_approving_starts_the_run_whose_join_moves_the_nodes_through_the_pool_services(local8):
     measure(local8, 2.0, 1.0, 1.5)
     proposal = rebalance_propose(schedule=local8.schedule, now=NOW)
     version = local8.deployment.__class__.objects.get(pk=local8.deployment.pk).version
 
-    applied = rebalance_apply(actor=None, proposal=proposal)
+    applying = rebalance_apply(actor=None, proposal=proposal)
 
-    assert applied.state == "applied"
+    assert applying.state == "applying"
+    run = applying.run
+    assert run.kind == "rebalance"
+    assert [s.name for s in run.steps.order_by("index")] == REBALANCE_STEPS
+    assert run.params == {"proposal": proposal.pk, "deployment": local8.deployment.pk}
+    assert local8.local_prefill.nodes.count() == 6  # nothing moves before the engines do
+    with pytest.raises(Exception, match="is applying, not proposed"):
+        rebalance_apply(actor=None, proposal=applying)
+
+    assert rebalance_move_nodes(proposal=applying) == version + 2  # one snapshot per pool
     assert local8.local_prefill.nodes.count() == 3
     assert sorted(local8.decode_pool.nodes.values_list("hostname", flat=True)) == [
         "dec-1",
@@ -97,10 +111,36 @@ def test_apply_moves_the_nodes_through_the_pool_services(local8):
         "loc-p1",
         "loc-p2",
     ]
-    deployment = local8.deployment.__class__.objects.get(pk=local8.deployment.pk)
-    assert deployment.version == version + 2  # one snapshot per pool changed
-    with pytest.raises(Exception, match="is applied, not proposed"):
-        rebalance_apply(actor=None, proposal=applied)
+    # A join that runs again (its worker died after the move) moves nothing twice.
+    assert rebalance_move_nodes(proposal=applying) == version + 2
+    rebalance_finish(proposal_id=proposal.pk, ok=True)
+    proposal.refresh_from_db()
+    assert proposal.state == "applied"
+    assert proposal.decided_by_label == "rebalance"
+
+
+def test_a_move_that_would_empty_a_pool_or_no_longer_applies_is_refused(local8):
+    measure(local8, 2.0, 1.0, 1.5)
+    proposal = rebalance_propose(schedule=local8.schedule, now=NOW)
+    every = [
+        {"node": n.pk, "hostname": n.hostname, "from": "prefill", "to": "decode"}
+        for n in local8.local_prefill.nodes.all()
+    ]
+    RebalanceProposal.objects.filter(pk=proposal.pk).update(moves=every)
+    proposal.refresh_from_db()
+    with pytest.raises(Exception, match="would leave the local prefill pool empty"):
+        rebalance_apply(actor=None, proposal=proposal)
+
+    RebalanceProposal.objects.filter(pk=proposal.pk).update(moves=every[:1])
+    proposal.refresh_from_db()
+    pool_update(
+        actor=None, pool=local8.local_prefill, nodes=list(local8.local_prefill.nodes.all())[1:]
+    )
+    with pytest.raises(Exception, match="is no longer in the prefill pool"):
+        rebalance_apply(actor=None, proposal=proposal)
+    proposal.refresh_from_db()
+    assert proposal.state == "proposed"
+    assert proposal.run is None
 
 
 def test_balanced_or_unmeasured_load_or_a_disagreeing_planner_proposes_nothing(local8):
@@ -133,5 +173,8 @@ def test_auto_apply_only_when_enabled_and_never_during_a_canary(local8):
 
     WorkflowRun.objects.filter(kind="canary").update(state="succeeded")
     rebalance_due(now=NOW)
-    assert RebalanceProposal.objects.filter(state="applied").count() == 1
-    assert local8.local_prefill.nodes.count() == 3
+    applying = RebalanceProposal.objects.get(state="applying")
+    assert applying.run.kind == "rebalance"
+    # While it runs, the next hour proposes nothing new and applies nothing else.
+    rebalance_due(now=NOW)
+    assert RebalanceProposal.objects.filter(state__in=["proposed", "applying"]).count() == 1
