@@ -137,7 +137,7 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     deployment = get_object_or_404(Deployment.objects.select_related("model"), pk=pk)
     pools = list(
         deployment.pools.select_related("site").prefetch_related(
-            Prefetch("nodes", queryset=Node.objects.order_by("hostname"))
+            Prefetch("nodes", queryset=Node.objects.order_by("hostname")), "drained_nodes"
         )
     )
     history = paginate(request, deployment.snapshots.order_by("-version"), per_page=10)
@@ -154,6 +154,7 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "runs": runs,
         "buttons": _workflow_buttons(deployment.pk),
         "charts": _charts(deployment, pools),
+        "proposals": deployment.rebalance_proposals.order_by("-created_at", "-id")[:5],
     }
     return render(request, "deployments/deployment_detail.html", context)
 

@@ -368,6 +368,12 @@ OPS: dict[tuple[str, str], Op] = {
         body=lambda w: {"engine_settings": {"tp": 8}},
     ),
     ("DELETE", "/api/pools/{id}/"): Op("/api/pools/{w.prefill_pool.pk}/", "operator", 204),
+    ("POST", "/api/pools/{id}/drain/"): Op(
+        "/api/pools/{w.decode_pool.pk}/drain/",
+        "operator",
+        200,
+        body=lambda w: {"drain": [w.decode_node.pk], "reason": "endpoint test"},
+    ),
     # rollouts
     ("GET", "/api/rollout-plans/"): Op("/api/rollout-plans/", "viewer", 200),
     ("POST", "/api/rollout-plans/"): Op(

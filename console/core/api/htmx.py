@@ -50,6 +50,9 @@ def _success(data: Any) -> tuple[str, list[tuple[str, str]]]:
         if data.get("run"):
             links.append(("the run", _url("run-page", data["run"])))
         return f"Drill {data.get('drill_name', '')} started: report #{data['id']}.", links
+    if "moves" in data and "state" in data:  # a rebalancing proposal
+        links = [("its run", _url("run-page", data["run"]))] if data.get("run") else []
+        return f"Rebalancing proposal #{data['id']} is {data['state']}.", links
     if "kind" in data and "state" in data:  # a workflow run
         links = [("the run's steps", _url("run-page", data["id"]))]
         if data["kind"] == "canary":

@@ -14,9 +14,19 @@ from django.utils.safestring import SafeString, mark_safe
 
 register = template.Library()
 
-_GOOD = {"succeeded", "online", "active", "ok", "pass", "passed", "true"}
+_GOOD = {"succeeded", "online", "active", "ok", "pass", "passed", "true", "applied"}
 _BAD = {"failed", "lost", "rolled_back", "error", "fail", "false", "expired"}
-_WARN = {"running", "degraded", "deploying", "pending", "warning", "unknown", "canceled"}
+_WARN = {
+    "running",
+    "degraded",
+    "deploying",
+    "pending",
+    "warning",
+    "unknown",
+    "canceled",
+    "applying",
+    "proposed",
+}
 _MAX_DEPTH = 4
 _MAX_ROWS = 200
 

@@ -35,8 +35,11 @@ class PoolSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Pool
-        fields = ["id", "deployment", "role", "site", "nodes", "engine_settings", "created_at"]
-        read_only_fields = ["created_at"]
+        fields = [
+            "id", "deployment", "role", "site", "nodes", "drained_nodes", "engine_settings",
+            "created_at",
+        ]  # fmt: skip
+        read_only_fields = ["created_at", "drained_nodes"]
         # The one-decode-pool and one-pool-per-site rules are checked by the database and
         # reported as 409 / 400 by the service; DRF's generated validators are not needed.
         validators: list[Any] = []
@@ -49,6 +52,21 @@ class PoolSerializer(serializers.ModelSerializer):
                         {name: ["Cannot be changed; delete the pool and create another."]}
                     )
                 attrs.pop(name, None)
+        return attrs
+
+
+class PoolDrainSerializer(serializers.Serializer):
+    """``POST /api/pools/{id}/drain/``: nodes (ids) to take out of rotation and to put back."""
+
+    drain = serializers.PrimaryKeyRelatedField(many=True, queryset=Node.objects.all(), default=list)
+    rejoin = serializers.PrimaryKeyRelatedField(
+        many=True, queryset=Node.objects.all(), default=list
+    )
+    reason = serializers.CharField(max_length=200, default="operator drain")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs["drain"] and not attrs["rejoin"]:
+            raise serializers.ValidationError({"drain": ["Name a node to drain or to rejoin."]})
         return attrs
 
 

@@ -21,6 +21,7 @@ from console.deployments.api.serializers import (
     DeploymentSerializer,
     KillSwitchResponseSerializer,
     KillSwitchSerializer,
+    PoolDrainSerializer,
     PoolSerializer,
     RestoreSerializer,
     SnapshotSerializer,
@@ -281,6 +282,20 @@ class PoolViewSet(VersionedWriteMixin, ServiceModelViewSet):
     create_service = staticmethod(services.pool_create)
     update_service = staticmethod(services.pool_update)
     delete_service = staticmethod(services.pool_delete)
+
+    action_roles = {"drain": Role.OPERATOR}
+
+    @extend_schema(request=PoolDrainSerializer, responses=PoolSerializer)
+    @action(detail=True, methods=["post"])
+    def drain(self, request: Request, pk: str | None = None) -> Response:
+        """Take nodes out of the gateways' rotation (``drain``) or put them back (``rejoin``):
+        a new config version; in-flight legs finish. Nothing is stopped."""
+        pool = self.get_object()
+        body = PoolDrainSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        services.pool_set_drained(actor=request.user, pool=pool, **body.validated_data)
+        pool.refresh_from_db()
+        return Response(PoolSerializer(pool, context={"request": request}).data)
 
     def perform_create(self, serializer: Any) -> None:
         serializer.instance = services.pool_create(

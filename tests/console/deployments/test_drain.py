@@ -6,6 +6,7 @@ from django.core.exceptions import ValidationError
 
 from console.core.models import AuditLog
 from console.deployments.config import build_config
+from console.deployments.models import Deployment
 from console.deployments.services import deployment_restore, pool_create, pool_set_drained
 from tests.console.factories import NodeFactory, SiteFactory, make_deployment
 
@@ -71,3 +72,30 @@ def test_a_restore_keeps_the_nodes_drained_now():
     restored = deployment_restore(actor=None, deployment=deployment, version=old)
 
     assert _docs(restored)[1].get("drained") is True
+
+
+def test_operators_drain_and_rejoin_through_the_api_and_bad_input_names_the_field(api_as):
+    deployment, pool, (_, pre2) = _world()
+    url = f"/api/pools/{pool.pk}/drain/"
+    stranger = NodeFactory(site=pool.site, hostname="elsewhere")
+
+    assert api_as("viewer").post(url, {"drain": [pre2.pk]}, format="json").status_code == 403
+    operator = api_as("operator")
+    empty = operator.post(url, {}, format="json")
+    assert empty.status_code == 400
+    assert "drain" in empty.json()
+    unknown = operator.post(url, {"drain": [999999]}, format="json")
+    assert unknown.status_code == 400
+    assert "drain" in unknown.json()
+    outside = operator.post(url, {"drain": [stranger.pk]}, format="json")
+    assert outside.status_code == 400
+    assert "elsewhere" in str(outside.json()["drain"])
+
+    drained = operator.post(url, {"drain": [pre2.pk], "reason": "by hand"}, format="json")
+    assert drained.status_code == 200, drained.json()
+    assert drained.json()["drained_nodes"] == [pre2.pk]
+    assert _docs(Deployment.objects.get(pk=deployment.pk))[1]["drained"] is True
+    back = operator.post(url, {"rejoin": [pre2.pk]}, format="json")
+    assert back.status_code == 200
+    assert back.json()["drained_nodes"] == []
+    assert AuditLog.objects.filter(verb="drain").count() == 2

@@ -219,3 +219,45 @@ def test_workflow_buttons_skip_actions_that_are_not_routed(settings):
     settings.ROOT_URLCONF = "tests.console.pages.urls_only_deploy"
 
     assert [b["url"] for b in _workflow_buttons(7)] == ["/api/deployments/7/deploy/"]
+
+
+def test_the_deployment_page_shows_a_proposal_an_operator_approves_with_a_toast(client_as, pages):
+    """The Rebalancing table: measured capacities, splits, moves and the reason; Approve and
+    Dismiss only for operators; Approve answers a toast linking the run it started, and the
+    proposal then shows its run; a drained node carries its badge in the Pools table."""
+    from console.deployments.services import pool_set_drained
+    from console.schedules.models import RebalanceProposal
+
+    w = pages.world
+    node = w.decode_node
+    proposal = RebalanceProposal.objects.create(
+        deployment=w.deployment,
+        reason="Measured producer 5 req/s vs consumer 50 req/s (ratio 0.10, prefill-bound)",
+        measured={"producer_rps": 5.0, "consumer_rps": 50.0},
+        current_split={"n_prefill": 0, "n_decode": 1},
+        target_split={"n_prefill": 0, "n_decode": 1},
+        moves=[],
+    )
+    page = f"/deployments/{w.deployment.pk}/"
+    viewer = client_as("viewer").get(page).content.decode()
+    assert 'id="rebalance"' in viewer
+    assert "prefill-bound" in viewer
+    assert f'id="approve-{proposal.pk}"' not in viewer
+
+    operator = client_as("operator")
+    assert f'id="approve-{proposal.pk}"' in operator.get(page).content.decode()
+    toast = operator.post(
+        f"/api/rebalance-proposals/{proposal.pk}/apply/", HTTP_HX_REQUEST="true"
+    )
+    assert toast.status_code == 200
+    proposal.refresh_from_db()
+    assert proposal.state == "applying"
+    body = toast.content.decode()
+    assert f"Rebalancing proposal #{proposal.pk} is applying." in body
+    assert f"/runs/{proposal.run_id}/" in body
+    after = operator.get(page).content.decode()
+    assert f'id="approve-{proposal.pk}"' not in after
+    assert f'href="/runs/{proposal.run_id}/"' in after
+
+    pool_set_drained(actor=None, pool=w.decode_pool, drain=[node])
+    assert ">drained</span>" in operator.get(page).content.decode()
