@@ -265,7 +265,7 @@ def register(
     }
     # Prefill engines send KV to ``kv_host:kv_wan``: the remote agent's fault proxy, whose
     # upstream is the WAN shaper and then the decode engine's receiver (``kv_listen``).
-    kv_host = {"kv_host": layout.kv_host} if layout.kv_host else {}
+    kv_host: dict[str, Any] = {"kv_host": layout.kv_host} if layout.kv_host else {}
     if layout.kv_host:  # namespace sites: engines bind the site address, HTTP on private veths
         common["http_insecure"] = True
     if len(layout.remotes) > 1:  # each remote site's own WAN path (docs/testbed.md)
