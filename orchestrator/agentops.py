@@ -393,6 +393,19 @@ def allowlist_evidence(kind: str, launch_settings: dict[str, Any]) -> dict[str, 
     return {"applies": True, "peers": peers}
 
 
+def gateway_launch_settings(target: Target) -> dict[str, Any]:
+    """Launch settings of the gateway on a decode node: where it listens, and
+    ``engine_settings.gateway_settings_file`` (the gateway's settings YAML on that node, e.g.
+    its trace sampling) when the pool names one."""
+    launch: dict[str, Any] = {
+        "host": str(target.settings.get("host") or "127.0.0.1"),
+        "port": target.gateway_port,
+    }
+    if target.settings.get("gateway_settings_file"):
+        launch["settings_file"] = str(target.settings["gateway_settings_file"])
+    return launch
+
+
 def gateway_url(target: Target) -> str:
     """Base URL of the gateway on a decode node (HTTPS unless the controller runs insecure):
     ``engine_settings.gateway_host`` when the orchestrator reaches it elsewhere than the node's

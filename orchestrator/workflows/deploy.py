@@ -348,10 +348,7 @@ def gateway(ctx: StepContext) -> StepResult:
     ssl_ctx = agentops.http_ssl_context()
     for target in agentops.targets(config, "decode"):
         name = agentops.child_name(deployment.pk, "gateway")
-        launch_settings = {
-            "host": str(target.settings.get("host") or "127.0.0.1"),
-            "port": target.gateway_port,
-        }
+        launch_settings = agentops.gateway_launch_settings(target)
         # No config_version in the request: the gateway polls the console for the current one,
         # so the canary's share changes reach it without a relaunch.
         rid = agentops.request_id(ctx, target, name, launch_settings)

@@ -204,10 +204,7 @@ def _launch(ctx: StepContext, deployment: Deployment, target: Target, config: di
     ]
     if target.role == "decode":
         gw = agentops.child_name(deployment.pk, "gateway")
-        gw_settings = {
-            "host": str(target.settings.get("host") or "127.0.0.1"),
-            "port": target.gateway_port,
-        }
+        gw_settings = agentops.gateway_launch_settings(target)
         out.append(
             agentops.launch(
                 target,
