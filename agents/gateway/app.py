@@ -47,7 +47,7 @@ from agents.gateway.prefix import PrefixIndex
 from agents.gateway.proxy import AiohttpClient, Client, relay
 from agents.gateway.remote import ROUTES, Call, RemotePath, route_headers
 from agents.gateway.state import Router
-from agents.gateway.trace import Trace, TraceRing, new_trace
+from agents.gateway.trace import Trace, TraceCollector, TraceRing, new_trace
 from agents.gateway.upstream import LegError, Upstream, first_chunk
 from pdproto.trace import TRACE_PATH
 
@@ -74,6 +74,7 @@ class Gateway(Endpoints, RemotePath):
         self.traces = TraceRing(settings.trace_ring_size)
         self.router = router or Router(settings)
         self.metrics = GatewayMetrics()
+        self.metrics.registry.register(TraceCollector(self.traces))
         self.router.on_eject = self.metrics.ejected
         self.router.on_failure = self.metrics.leg_failed
         self.router.on_probe = self.metrics.probed

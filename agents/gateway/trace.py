@@ -17,9 +17,12 @@ from __future__ import annotations
 import collections
 import random
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pdproto.http import clip_request_id
 from pdproto.trace import MAX_ATTEMPTS, TRACE_VERSION
@@ -185,6 +188,8 @@ class TraceRing:
         self.sample_rate = sample_rate
         self._ship: collections.deque[Trace] = collections.deque()
         self.dropped = 0  # traces that found the ship queue full
+        self.shipped = 0  # traces the console took (counted by the shipper)
+        self.ship_failures = 0  # batches the console did not take (put back)
 
     def add(self, trace: Trace) -> None:
         """Keep a finished request's trace; queue it to ship when it is sampled (always when
@@ -243,6 +248,31 @@ class TraceRing:
     @property
     def queued(self) -> int:
         return len(self._ship)
+
+
+class TraceCollector:
+    """The ring's shipping counts as Prometheus families, read at scrape time (the ring and
+    the shipper keep plain integers; nothing on the request path touches a metric):
+    ``pdbridge_gateway_traces_shipped_total``, ``..._dropped_total`` (the queue was full),
+    ``pdbridge_gateway_trace_ship_failures_total`` (batches put back) and the
+    ``pdbridge_gateway_traces_queued`` gauge."""
+
+    def __init__(self, ring: TraceRing) -> None:
+        self.ring = ring
+
+    def collect(self) -> Iterator[Metric]:
+        ring = self.ring
+        for name, help_text, value in (
+            ("pdbridge_gateway_traces_shipped", "Traces the console took.", ring.shipped),
+            ("pdbridge_gateway_traces_dropped", "Traces dropped: the ship queue was full.",
+             ring.dropped),
+            ("pdbridge_gateway_trace_ship_failures", "Trace batches the console did not take.",
+             ring.ship_failures),
+        ):  # fmt: skip
+            yield CounterMetricFamily(name, help_text, value=value)
+        yield GaugeMetricFamily(
+            "pdbridge_gateway_traces_queued", "Traces waiting to be shipped.", value=ring.queued
+        )
 
     @property
     def held(self) -> int:

@@ -70,6 +70,7 @@ class TraceShipper:
                         raise RuntimeError(f"status {response.status}: {detail}")
             except (aiohttp.ClientError, TimeoutError, RuntimeError) as error:
                 self.failed_batches += 1
+                self.ring.ship_failures += 1
                 self.ring.requeue(batch)
                 log.warning(
                     "gateway.trace_ship_failed",
@@ -78,6 +79,7 @@ class TraceShipper:
                 break
             sent += len(batch)
         self.shipped += sent
+        self.ring.shipped += sent
         return sent
 
     async def run(self, session: aiohttp.ClientSession) -> None:

@@ -173,3 +173,33 @@ def test_the_gateways_node_keeps_the_skew_its_trace_was_converted_with(world: An
     assert timeline["gateway"]["skew_ms"] == 100.0
     assert timeline["gateway"]["node_time"] == sent
     assert timeline["legs"][0]["where"]["node_time"] == sent
+
+
+def test_the_gateways_metrics_count_traces_shipped_refused_and_dropped(
+    live_server: Any, sites: dict[str, Any]
+) -> None:
+    """What ``/metrics`` says about shipping: a refused batch (a viewer's token is no node
+    token) is a failure put back; the node token ships it; a full queue drops and counts."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from agents.gateway.trace import TraceCollector
+    from tests.agents.gateway.procs import metric
+
+    ring = TraceRing(16, ship_queue=2, sample_rate=1.0)
+    registry = CollectorRegistry()
+    registry.register(TraceCollector(ring))
+    for i in range(3):
+        ring.add(_remote_trace(f"req-{i}"))
+
+    def page() -> str:
+        return generate_latest(registry).decode()
+
+    assert metric(page(), "pdbridge_gateway_traces_dropped_total") == 1
+    assert metric(page(), "pdbridge_gateway_traces_queued") == 2
+    assert _ship(live_server.url, "not-a-node-token", ring) == 0
+    assert metric(page(), "pdbridge_gateway_trace_ship_failures_total") == 1
+    assert metric(page(), "pdbridge_gateway_traces_queued") == 2
+    token = node_token_issue(actor=None, node=sites["gateway"])
+    assert _ship(live_server.url, token, ring) == 2
+    assert metric(page(), "pdbridge_gateway_traces_shipped_total") == 2
+    assert metric(page(), "pdbridge_gateway_traces_queued") == 0
