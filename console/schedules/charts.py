@@ -6,6 +6,7 @@ empty-state paragraph instead of a chart."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from typing import Any
 
@@ -61,6 +62,7 @@ def recorded_cost_chart(answer: dict[str, Any]) -> str:
                 marker={"size": 4},
             )
         )
+    top = max((h["scheduled"]["remote_instances"] for h in hours), default=0) or 1
     totals = answer["totals"]
     title = (
         f"{TITLE}: {_money(totals['scheduled']['cost_per_million_tokens'])} with, "
@@ -74,7 +76,8 @@ def recorded_cost_chart(answer: dict[str, Any]) -> str:
             "title": "remote instances",
             "overlaying": "y",
             "side": "right",
-            "rangemode": "tozero",
+            "range": [0, top * 1.1],
+            "dtick": max(1, math.ceil(top / 5)),  # whole instances
             "showgrid": False,
         },
         height=320,

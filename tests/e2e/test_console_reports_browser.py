@@ -51,3 +51,42 @@ def test_viewer_sees_drill_report_canary_and_tidal_charts(
     assert tidal_points > 0
     assert tidal_charts == 3
     page.context.close()
+
+
+def test_viewer_sees_the_recorded_cost_with_and_without_the_schedule(
+    browser,
+    live_server,
+    make_user,
+    tidal,  # noqa: F811
+    screenshots,
+):
+    from tests.console.schedules.conftest import serve_last_hours
+
+    serve_last_hours(tidal, hours=5)
+    make_user("viewer", username="viewer")
+    base = live_server.url
+    page = _login(browser, base, "viewer")
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+    page.goto(f"{base}/tidal/{tidal.schedule.pk}/?days=1#recorded-cost")
+    recorded = page.locator(".js-plotly-plot").nth(3)  # after prices, plan, cost by hour
+    recorded.locator(".main-svg").first.wait_for(timeout=20_000)
+    lines = recorded.locator(".scatterlayer .trace").count()
+    bars = recorded.locator(".barlayer .point").count()
+    totals = page.locator("#recorded-totals tbody tr").count()
+    page.locator("#recorded-cost").scroll_into_view_if_needed()
+    page.screenshot(path=str(screenshots / "tidal-recorded-cost.png"), full_page=True)
+    page.click("#planner-link")
+    page.wait_for_selector("#tidal-recorded .js-plotly-plot .main-svg", timeout=20_000)
+    planner_title = page.locator("#tidal-recorded .gtitle").text_content() or ""
+    page.locator("#tidal-recorded").screenshot(path=str(screenshots / "planner-recorded-cost.png"))
+
+    assert errors == []
+    assert page.locator(".js-plotly-plot").count() == 3  # threshold, split, recorded cost
+    assert lines == 2  # with and without the schedule
+    assert bars == 24  # remote instances held, one bar per hour of the day (0 included)
+    assert totals == 3  # with, without, saving
+    assert " with, " in planner_title
+    assert planner_title.endswith(" without")
+    page.context.close()

@@ -107,7 +107,7 @@ def test_tidal_page_prices_the_recorded_traffic_with_and_without_the_schedule(
         assert f"{cost:.4f}" in html, key
     assert "3 h applied" in html
     assert "3 hours with traffic; 165 without a sample" in html
-    assert f'href="/planner/?tidal={schedule.pk}#tidal-recorded"' in html
+    assert f'href="/planner/?tidal={schedule.pk}&amp;days=7#tidal-recorded"' in html
     assert '"connectgaps":false' in html
     assert "null" in html  # the hours without a sample are gaps in the lines
 
