@@ -249,6 +249,10 @@ class TraceRing:
     def queued(self) -> int:
         return len(self._ship)
 
+    @property
+    def held(self) -> int:
+        return len(self._ring)
+
 
 class TraceCollector:
     """The ring's shipping counts as Prometheus families, read at scrape time (the ring and
@@ -273,7 +277,3 @@ class TraceCollector:
         yield GaugeMetricFamily(
             "pdbridge_gateway_traces_queued", "Traces waiting to be shipped.", value=ring.queued
         )
-
-    @property
-    def held(self) -> int:
-        return len(self._ring)
