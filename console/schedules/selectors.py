@@ -11,7 +11,7 @@ import zoneinfo
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db.models import Avg, Count
+from django.db.models import Avg, Count, DateTimeField, ExpressionWrapper, F
 from django.db.models.fields.json import KT
 from django.db.models.functions import TruncHour
 from django.utils import timezone
@@ -65,9 +65,14 @@ def _share(row: TidalApplication) -> int | None:
 
 
 def _rates(schedule: TidalSchedule, since: datetime, until: datetime) -> dict[datetime, Any]:
-    """``hour start (UTC) -> ({path: mean requests/s}, samples)`` for the hours with samples."""
+    """``hour start (UTC) -> ({path: mean requests/s}, samples)`` for the hours with samples.
+
+    Binned in UTC, shifted by the zone's offset within the hour (30 min for India): the
+    schedule's hours start on those instants whatever the date, so a day whose clock goes back
+    keeps its two 02:00 hours apart (truncating in the zone would merge them)."""
     subject_type, subject_id = subject_key(schedule.deployment)
-    zone = zoneinfo.ZoneInfo(schedule.timezone)
+    offset = since.astimezone(zoneinfo.ZoneInfo(schedule.timezone)).utcoffset() or timedelta()
+    shift = timedelta(seconds=-int(offset.total_seconds()) % 3600)
     rows = (
         MetricSample.objects.filter(
             subject_type=subject_type,
@@ -76,14 +81,19 @@ def _rates(schedule: TidalSchedule, since: datetime, until: datetime) -> dict[da
             at__gte=since,
             at__lt=until,
         )
-        .annotate(hour=TruncHour("at", tzinfo=zone), path=KT("labels__path"))
+        .annotate(
+            hour=TruncHour(
+                ExpressionWrapper(F("at") - shift, output_field=DateTimeField()), tzinfo=UTC
+            ),
+            path=KT("labels__path"),
+        )
         .values("hour", "path")
         .annotate(mean=Avg("value"), n=Count("id"))
         .order_by()
     )
     found: dict[datetime, Any] = {}
     for row in rows:
-        key = row["hour"].astimezone(UTC)
+        key = row["hour"].astimezone(UTC) + shift
         rates, samples = found.get(key, ({}, 0))
         rates[row["path"] or ""] = float(row["mean"])
         found[key] = (rates, samples + row["n"])

@@ -255,3 +255,19 @@ def test_compare_refuses_a_price_table_that_is_not_24_hours():
                 tokens_per_request=1.0,
             )
         )
+
+
+def test_the_night_the_clocks_go_back_has_two_hours_at_two(tidal):
+    tidal_schedule_update(actor=None, schedule=tidal.schedule, timezone="Europe/Paris")
+    change = datetime(2026, 10, 25, tzinfo=UTC)  # 03:00 CEST -> 02:00 CET at 01:00 UTC
+    record(tidal.deployment, change + timedelta(minutes=10), remote=1.0, local=0.0)  # 02:10 CEST
+    record(tidal.deployment, change + timedelta(hours=1, minutes=10), remote=2.0, local=0.0)
+
+    answer = tidal_recorded_cost(schedule=tidal.schedule, days=1, now=change + timedelta(hours=3))
+
+    found = [(h["hour_start"], h["requests"]) for h in answer["hours"] if not h["gap"]]
+    assert found == [
+        ("2026-10-25T02:00:00+02:00", 3600.0),
+        ("2026-10-25T02:00:00+01:00", 7200.0),
+    ]
+    assert len(answer["hours"]) == 24  # 24 elapsed hours, whatever the wall clock says
