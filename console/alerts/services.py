@@ -1,5 +1,10 @@
-"""Alert writes: rules and channels (API / admin), the periodic evaluation (beat task
-``orchestrator.alerts.evaluate``) and notification delivery.
+"""Alert writes: rules and channels (API, admin and the alerts page), the periodic evaluation
+(beat task ``orchestrator.alerts.evaluate``) and notification delivery.
+
+A shipped rule (``defaults.DEFAULT_RULES``, by name) is tuned or turned off, never deleted:
+``alert_rules_sync_defaults`` would install it again. A channel's webhook URL may carry a
+token, so the audit log (readable by viewers) records it masked (``channel_target_display``:
+scheme, host and a fingerprint), as the pages show it.
 
 Evaluation (``alerts_evaluate``) runs in one transaction: for every enabled rule it aggregates
 each subject's samples over the rule's window, opens an alert for a new breach, refreshes a
@@ -12,6 +17,7 @@ good or failed, is recorded on the alert. A failed delivery never fails the eval
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -20,6 +26,7 @@ import urllib.request
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -42,7 +49,7 @@ from console.alerts.models import Alert, AlertRule, NotificationChannel
 from console.core.api.exceptions import Conflict
 from console.core.choices import AuditAction
 from console.core.crud import Actor, audited_create, audited_delete, audited_update
-from console.core.services import audit_record
+from console.core.services import audit_record, model_snapshot
 from console.telemetry.models import MetricSample
 
 logger = logging.getLogger(__name__)
@@ -75,9 +82,23 @@ def alert_rule_update(*, actor: Actor, rule: AlertRule, **fields: Any) -> AlertR
     return rule
 
 
+SHIPPED_RULE_NAMES = frozenset(rule["name"] for rule in DEFAULT_RULES)
+
+
+def rule_is_shipped(rule: AlertRule) -> bool:
+    """Whether ``rule`` is one of the shipped defaults (by name)."""
+    return rule.name in SHIPPED_RULE_NAMES
+
+
 @transaction.atomic
 def alert_rule_delete(*, actor: Actor, rule: AlertRule) -> None:
-    """Delete a rule and its alerts' history."""
+    """Delete a rule and its alerts' history. 409 for a shipped rule: the defaults sync
+    would bring it back, so it is turned off (``enabled=False``) instead."""
+    if rule_is_shipped(rule):
+        raise Conflict(
+            f"{rule.name} is a shipped rule: turn it off instead of deleting it "
+            "(alert_rules_sync_defaults would install it again)."
+        )
     audited_delete(actor=actor, instance=rule)
 
 
@@ -118,29 +139,119 @@ def _channel_fields(fields: dict[str, Any], current: NotificationChannel | None)
     return fields
 
 
+def channel_target_display(kind: str, target: str) -> str:
+    """What pages and the audit log show of a channel's target. E-mail addresses in full; a
+    webhook URL as scheme and host plus a short fingerprint of the whole URL (its path or
+    query may be a token; the fingerprint still tells two URLs apart)."""
+    if kind != ChannelKind.WEBHOOK:
+        return target
+    parts = urlsplit(target)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    fingerprint = hashlib.sha256(target.encode()).hexdigest()[:8]
+    hidden = "/…" if (parts.path not in ("", "/") or parts.query or parts.username) else "/"
+    return f"{parts.scheme}://{host}{hidden} (sha256 {fingerprint})"
+
+
+def _channel_snapshot(channel: NotificationChannel) -> dict[str, Any]:
+    snapshot = model_snapshot(channel)
+    snapshot["target"] = channel_target_display(channel.kind, channel.target)
+    return snapshot
+
+
+_STAMPS = ("created_at", "updated_at")
+
+
 @transaction.atomic
 def channel_create(*, actor: Actor, **fields: Any) -> NotificationChannel:
-    """Add a webhook or e-mail channel."""
-    return audited_create(
-        actor=actor, model=NotificationChannel, fields=_channel_fields(fields, None)
+    """Add a webhook or e-mail channel (audited with the target masked)."""
+    channel = NotificationChannel(**_channel_fields(fields, None))
+    channel.full_clean()
+    channel.save()
+    audit_record(
+        actor=actor, action=AuditAction.CREATE, instance=channel, after=_channel_snapshot(channel)
     )
+    return channel
 
 
 @transaction.atomic
 def channel_update(
     *, actor: Actor, channel: NotificationChannel, **fields: Any
 ) -> NotificationChannel:
-    """Change a channel."""
-    channel, _ = audited_update(
-        actor=actor, instance=channel, fields=_channel_fields(fields, channel)
+    """Change a channel (audited with the target masked; nothing is written when no value
+    changes)."""
+    fields = _channel_fields(fields, channel)
+    unchanged, before = model_snapshot(channel, exclude=_STAMPS), _channel_snapshot(channel)
+    for name, value in fields.items():
+        setattr(channel, name, value)
+    channel.full_clean()
+    if model_snapshot(channel, exclude=_STAMPS) == unchanged:
+        return channel
+    channel.save()
+    audit_record(
+        actor=actor,
+        action=AuditAction.UPDATE,
+        instance=channel,
+        before=before,
+        after=_channel_snapshot(channel),
     )
     return channel
 
 
 @transaction.atomic
 def channel_delete(*, actor: Actor, channel: NotificationChannel) -> None:
-    """Remove a channel."""
-    audited_delete(actor=actor, instance=channel)
+    """Remove a channel (alerts keep the deliveries recorded under its name)."""
+    pk = channel.pk
+    audit_record(
+        actor=actor, action=AuditAction.DELETE, instance=channel, before=_channel_snapshot(channel)
+    )
+    channel.delete()
+    channel.pk = pk
+
+
+def channel_test(*, actor: Actor, channel: NotificationChannel) -> dict[str, Any]:
+    """Send one test notification to ``channel`` now, enabled or not (blocking: one webhook
+    POST bounded by ``WEBHOOK_TIMEOUT_S``, or one e-mail). The delivery ``{channel, kind,
+    event: "test", ok, detail, at}`` is returned and audited (verb ``test``); a failed
+    delivery is an answer, not an error."""
+    who = actor.get_username() if actor is not None and actor.is_authenticated else "system"
+    document = {
+        "event": "test",
+        "alert": None,
+        "message": f"Test notification from pdbridge to channel {channel.name}, sent by {who}.",
+        "source": "pdbridge",
+    }
+    try:
+        if channel.kind == ChannelKind.WEBHOOK:
+            detail = _post_webhook(channel.target, document)
+        else:
+            detail = _send_email(
+                channel.target.split(", "), f"[pdbridge] test: {channel.name}", document
+            )
+        ok = True
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        ok, detail = False, str(exc)[:300]
+        logger.warning(
+            "alert_channel_test_failed", extra={"channel": channel.name, "error": detail}
+        )
+    delivery = {
+        "channel": channel.name,
+        "kind": channel.kind,
+        "event": "test",
+        "ok": ok,
+        "detail": detail,
+        "at": timezone.now().isoformat(),
+    }
+    with transaction.atomic():
+        audit_record(
+            actor=actor,
+            action=AuditAction.ACTION,
+            verb="test",
+            instance=channel,
+            after={"ok": ok, "detail": detail},
+        )
+    return delivery
 
 
 # --- evaluation -----------------------------------------------------------------------------
@@ -310,10 +421,7 @@ def _post_webhook(url: str, document: dict[str, Any]) -> str:
         return f"HTTP {response.status}"
 
 
-def _send_email(
-    addresses: Iterable[str], alert: Alert, event: str, document: dict[str, Any]
-) -> str:
-    subject = f"[pdbridge {alert.level}] {event}: {alert.rule_name} {alert.subject_type}:{alert.subject_id}"
+def _send_email(addresses: Iterable[str], subject: str, document: dict[str, Any]) -> str:
     sent = send_mail(
         subject=subject[:200],
         message=json.dumps(document, indent=2),
@@ -344,7 +452,11 @@ def alert_notify(*, alert_id: int, event: str) -> list[dict[str, Any]]:
             if channel.kind == ChannelKind.WEBHOOK:
                 detail = _post_webhook(channel.target, document)
             else:
-                detail = _send_email(channel.target.split(", "), alert, event, document)
+                subject = (
+                    f"[pdbridge {alert.level}] {event}: {alert.rule_name} "
+                    f"{alert.subject_type}:{alert.subject_id}"
+                )
+                detail = _send_email(channel.target.split(", "), subject, document)
             ok = True
         except (urllib.error.URLError, OSError, ValueError) as exc:
             ok, detail = False, str(exc)[:300]

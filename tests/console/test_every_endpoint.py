@@ -20,7 +20,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from drf_spectacular.generators import SchemaGenerator
 from rest_framework.test import APIClient
 
-from console.alerts.services import alerts_evaluate, channel_create
+from console.alerts.services import alert_rule_create, alerts_evaluate, channel_create
 from console.core.models import AuditLog
 from console.core.services_users import user_create
 from console.drills import services as drills
@@ -81,6 +81,15 @@ def w(world: Any, make_user: Any) -> Any:
 
     world.alert = Alert.objects.get()
     world.rule = AlertRule.objects.get(name="link-rtt-high")
+    world.added_rule = alert_rule_create(  # shipped rules are turned off, not deleted (409)
+        actor=None,
+        name="kv-queue-old",
+        layer="service",
+        level="info",
+        metric="kv_link_queue_bytes",
+        comparison="gt",
+        threshold=1e9,
+    )
     world.channel = channel_create(
         actor=None, name="hook", kind="webhook", target="https://hooks.example.com/x"
     )
@@ -570,7 +579,9 @@ OPS: dict[tuple[str, str], Op] = {
     ("PATCH", "/api/alert-rules/{id}/"): Op(
         "/api/alert-rules/{w.rule.pk}/", "operator", 200, body=lambda w: {"threshold": 2000}
     ),
-    ("DELETE", "/api/alert-rules/{id}/"): Op("/api/alert-rules/{w.rule.pk}/", "operator", 204),
+    ("DELETE", "/api/alert-rules/{id}/"): Op(
+        "/api/alert-rules/{w.added_rule.pk}/", "operator", 204
+    ),
     ("GET", "/api/alerts/"): Op("/api/alerts/", "viewer", 200),
     ("GET", "/api/alerts/{id}/"): Op("/api/alerts/{w.alert.pk}/", "viewer", 200),
     ("POST", "/api/alerts/{id}/acknowledge/"): Op(

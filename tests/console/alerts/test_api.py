@@ -111,3 +111,54 @@ def test_acknowledge_records_who_and_a_second_one_is_a_conflict(world, api_as):
     assert done.json()["state"] == "firing"
     assert again.status_code == 409
     assert "was acknowledged by operator" in again.json()["detail"]
+
+
+def test_a_shipped_rule_is_not_deleted_an_added_one_is(api_as):
+    from console.alerts.models import AlertRule
+
+    operator = api_as("operator")
+    added = operator.post("/api/alert-rules/", RULE, format="json").json()
+    shipped = AlertRule.objects.get(name="link-rtt-high")
+
+    refused = operator.delete(f"/api/alert-rules/{shipped.pk}/")
+    deleted = operator.delete(f"/api/alert-rules/{added['id']}/")
+
+    assert refused.status_code == 409
+    assert refused.json()["detail"].startswith("link-rtt-high is a shipped rule")
+    assert AlertRule.objects.filter(pk=shipped.pk).exists()
+    assert deleted.status_code == 204
+
+
+def test_channel_writes_are_audited_with_the_webhook_url_masked(api_as):
+    from console.core.models import AuditLog
+
+    operator = api_as("operator")
+    hook = "https://hooks.example.com/services/T0/B0/tok3n"
+    made = operator.post(
+        "/api/alert-channels/", {"name": "hook", "kind": "webhook", "target": hook}, format="json"
+    ).json()
+    operator.patch(f"/api/alert-channels/{made['id']}/", {"target": hook + "2"}, format="json")
+    operator.delete(f"/api/alert-channels/{made['id']}/")
+
+    entries = AuditLog.objects.filter(object_type="alerts.notificationchannel").order_by("id")
+
+    assert [e.action for e in entries] == ["create", "update", "delete"]
+    assert all("tok3n" not in str(e.before) + str(e.after) for e in entries)
+    update = entries[1]
+    assert update.before["target"].startswith("https://hooks.example.com/… (sha256 ")
+    assert update.before["target"] != update.after["target"]  # the fingerprint tells them apart
+
+
+def test_channel_test_mails_an_email_channel_and_is_audited(mailoutbox, make_user):
+    from console.alerts.services import channel_create, channel_test
+    from console.core.models import AuditLog
+
+    channel = channel_create(actor=None, name="oncall", kind="email", target="a@ops.example")
+
+    delivery = channel_test(actor=make_user("operator"), channel=channel)
+
+    assert (delivery["ok"], delivery["event"], delivery["detail"]) == (True, "test", "1 message(s)")
+    (mail,) = mailoutbox
+    assert mail.subject == "[pdbridge] test: oncall"
+    assert mail.to == ["a@ops.example"]
+    assert AuditLog.objects.get(verb="test").after == {"ok": True, "detail": "1 message(s)"}

@@ -4,12 +4,18 @@ and the htmx form posts, against the same audited services as the API."""
 
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 from django.utils import timezone
 
-from console.alerts.models import Alert, AlertRule
+from console.alerts.models import Alert, AlertRule, NotificationChannel
 from console.alerts.services import alert_rules_sync_defaults, alerts_evaluate, channel_create
 from console.core.models import AuditLog
 from console.telemetry import names
@@ -140,3 +146,229 @@ def test_link_list_shows_last_probe_and_stale(world, client_as, settings):
 
     assert "812 Mbit/s" in html
     assert 'badge warn">stale' in html  # measured_at never set
+
+
+# --- rule and channel management -------------------------------------------------------------
+
+
+@dataclass
+class Receiver:
+    """A webhook endpoint on loopback that records the JSON bodies posted to it."""
+
+    url: str
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+
+
+@pytest.fixture
+def webhook_receiver() -> Iterator[Receiver]:
+    bodies: list[dict[str, Any]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            length = int(self.headers["Content-Length"])
+            bodies.append(json.loads(self.rfile.read(length)))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            """Quiet."""
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield Receiver(url=f"http://127.0.0.1:{server.server_port}/hook", bodies=bodies)
+    server.shutdown()
+    server.server_close()
+
+
+NEW_RULE = {
+    "name": "kv-queue-high",
+    "layer": "service",
+    "level": "warning",
+    "metric": "kv_link_queue_bytes",
+    "subject_type": "inventory.node",
+    "aggregate": "max",
+    "comparison": "gt",
+    "threshold": "1e9",
+    "window_s": "120",
+    "summary": "KV transfers queue up.",
+    "enabled": "on",
+}
+HOOK = "https://hooks.example.com/services/T000/B000/s3cr3t-token"
+
+
+def test_an_operator_creates_a_rule_and_a_bad_field_is_named(client_as):
+    operator = client_as("operator")
+    assert 'id="rule-new"' in operator.get("/alerts/").content.decode()
+    assert operator.get("/alert-rules/new/").status_code == 200
+
+    bad = operator.post("/alert-rules/new/", {**NEW_RULE, "metric": "kv queue"})
+    worse = operator.post("/alert-rules/new/", {**NEW_RULE, "window_s": "5", "threshold": "x"})
+    good = operator.post("/alert-rules/new/", NEW_RULE)
+
+    assert bad.status_code == 400
+    html = bad.content.decode()
+    assert 'data-field="metric">Must be a Prometheus metric name' in html
+    assert 'value="kv-queue-high"' in html  # what was typed stays
+    assert worse.status_code == 400
+    assert 'data-field="threshold">Enter a number.' in worse.content.decode()
+    rule = AlertRule.objects.get(name="kv-queue-high")
+    assert good.status_code == 302
+    assert good["Location"] == f"/alerts/#rule-{rule.pk}"
+    assert (rule.metric, rule.threshold, rule.window_s, rule.enabled) == (
+        "kv_link_queue_bytes",
+        1e9,
+        120,
+        True,
+    )
+    entry = AuditLog.objects.get(object_type="alerts.alertrule", object_id=str(rule.pk))
+    assert entry.action == "create"
+    assert entry.after["metric"] == "kv_link_queue_bytes"
+    page = operator.get("/alerts/").content.decode()
+    assert f'id="rule-{rule.pk}"' in page
+    assert f'hx-post="/alert-rules/{rule.pk}/delete"' in page
+
+
+def test_a_rule_window_the_service_refuses_is_named_on_its_input(client_as):
+    answer = client_as("operator").post("/alert-rules/new/", {**NEW_RULE, "window_s": "5"})
+
+    assert answer.status_code == 400
+    assert 'data-field="window_s">' in answer.content.decode()
+    assert not AlertRule.objects.filter(name="kv-queue-high").exists()
+
+
+def test_an_operator_deletes_an_added_rule_but_not_a_shipped_one(client_as):
+    operator = client_as("operator")
+    operator.post("/alert-rules/new/", NEW_RULE)
+    added = AlertRule.objects.get(name="kv-queue-high")
+    shipped = AlertRule.objects.get(name="link-rtt-high")
+    page = operator.get("/alerts/").content.decode()
+    assert f'hx-post="/alert-rules/{shipped.pk}/delete"' not in page
+
+    deleted = operator.post(f"/alert-rules/{added.pk}/delete", HTTP_HX_REQUEST="true")
+    refused = operator.post(f"/alert-rules/{shipped.pk}/delete", HTTP_HX_REQUEST="true")
+
+    assert deleted.status_code == 200
+    assert deleted.content.decode().startswith(f'<tr id="rule-{added.pk}" class="deleted">')
+    assert not AlertRule.objects.filter(pk=added.pk).exists()
+    assert AuditLog.objects.filter(
+        object_type="alerts.alertrule", object_id=str(added.pk), action="delete"
+    ).exists()
+    assert refused.status_code == 409
+    assert "link-rtt-high is a shipped rule: turn it off instead" in refused.content.decode()
+    assert AlertRule.objects.filter(pk=shipped.pk).exists()
+
+
+def test_a_viewer_gets_no_forms_and_403_on_every_hand_made_post(client_as):
+    rule = AlertRule.objects.get(name="link-rtt-high")
+    channel = channel_create(actor=None, name="ops-hook", kind="webhook", target=HOOK)
+    audited = AuditLog.objects.count()
+    viewer = client_as("viewer")
+    page = viewer.get("/alerts/").content.decode()
+    assert 'id="rule-new"' not in page
+    assert "/delete" not in page
+
+    answers = [
+        viewer.get("/alert-rules/new/"),
+        viewer.post("/alert-rules/new/", NEW_RULE),
+        viewer.post(f"/alert-rules/{rule.pk}/delete"),
+        viewer.get("/alert-channels/new/"),
+        viewer.post("/alert-channels/new/", {"name": "x", "kind": "webhook", "target": HOOK}),
+        viewer.get(f"/alert-channels/{channel.pk}/edit/"),
+        viewer.post(f"/alert-channels/{channel.pk}/edit/", {"name": "y", "kind": "email"}),
+        viewer.post(f"/alert-channels/{channel.pk}/enable", {"enabled": "off"}),
+        viewer.post(f"/alert-channels/{channel.pk}/test"),
+        viewer.post(f"/alert-channels/{channel.pk}/delete"),
+    ]
+
+    assert [a.status_code for a in answers] == [403] * len(answers)
+    assert AuditLog.objects.count() == audited
+    assert not AlertRule.objects.filter(name="kv-queue-high").exists()
+    channel.refresh_from_db()
+    assert (channel.name, channel.enabled) == ("ops-hook", True)
+
+
+def test_an_operator_creates_a_channel_and_the_webhook_url_is_never_shown(client_as):
+    operator = client_as("operator")
+    body = {"name": "ops-hook", "kind": "webhook", "min_level": "critical", "enabled": "on"}
+
+    bad = operator.post("/alert-channels/new/", {**body, "target": "ftp://hooks.example.com/t0k"})
+    good = operator.post("/alert-channels/new/", {**body, "target": HOOK})
+
+    assert bad.status_code == 400
+    html = bad.content.decode()
+    assert 'data-field="target">Must be an http(s) URL for a webhook.' in html
+    assert "t0k" not in html  # a typed webhook URL is not shown back
+    channel = NotificationChannel.objects.get(name="ops-hook")
+    assert good.status_code == 302
+    assert good["Location"] == f"/alerts/#channel-{channel.pk}"
+    assert (channel.target, channel.min_level, channel.send_resolved) == (HOOK, "critical", False)
+    page = operator.get("/alerts/").content.decode()
+    assert f'id="channel-{channel.pk}"' in page
+    assert "https://hooks.example.com/… (sha256 " in page
+    assert "s3cr3t" not in page
+    entry = AuditLog.objects.get(object_type="alerts.notificationchannel", action="create")
+    assert entry.after["target"].startswith("https://hooks.example.com/… (sha256 ")
+    assert "s3cr3t" not in client_as("viewer").get("/audit/").content.decode()
+
+
+def test_an_operator_edits_turns_off_and_deletes_a_channel(client_as):
+    channel = channel_create(actor=None, name="ops-hook", kind="webhook", target=HOOK)
+    operator = client_as("operator")
+    url = f"/alert-channels/{channel.pk}/"
+
+    form = operator.get(f"{url}edit/").content.decode()
+    kept = operator.post(
+        f"{url}edit/",
+        {"name": "ops-hook", "kind": "webhook", "target": "", "min_level": "info", "enabled": "on"},
+    )
+    to_email = operator.post(
+        f"{url}edit/", {"name": "ops-mail", "kind": "email", "target": "", "min_level": "info"}
+    )
+    off = operator.post(f"{url}enable", {"enabled": "off"}, HTTP_HX_REQUEST="true")
+
+    assert "s3cr3t" not in form
+    assert "Leave empty to keep it" in form
+    assert kept.status_code == 302
+    channel.refresh_from_db()
+    assert (channel.target, channel.min_level) == (HOOK, "info")
+    assert to_email.status_code == 400
+    assert 'data-field="target">Give at least one e-mail address.' in to_email.content.decode()
+    assert off.status_code == 200
+    assert 'badge neutral">off' in off.content.decode()
+    channel.refresh_from_db()
+    assert channel.enabled is False
+    updates = AuditLog.objects.filter(object_type="alerts.notificationchannel", action="update")
+    assert updates.count() == 2
+    assert all("s3cr3t" not in str(e.before) + str(e.after) for e in updates)
+
+    gone = operator.post(f"{url}delete", HTTP_HX_REQUEST="true")
+
+    assert gone.status_code == 200
+    assert 'class="deleted"' in gone.content.decode()
+    assert not NotificationChannel.objects.filter(pk=channel.pk).exists()
+    assert AuditLog.objects.filter(
+        object_type="alerts.notificationchannel", action="delete"
+    ).exists()
+
+
+def test_send_test_posts_to_the_webhook_and_says_what_it_answered(client_as, webhook_receiver):
+    channel = channel_create(
+        actor=None, name="ops-hook", kind="webhook", target=webhook_receiver.url
+    )
+    closed = channel_create(
+        actor=None, name="dead-hook", kind="webhook", target="http://127.0.0.1:9/hook"
+    )
+    operator = client_as("operator")
+
+    sent = operator.post(f"/alert-channels/{channel.pk}/test", HTTP_HX_REQUEST="true")
+    failed = operator.post(f"/alert-channels/{closed.pk}/test", HTTP_HX_REQUEST="true")
+
+    assert sent.status_code == 200
+    assert "test sent: HTTP 200" in sent.content.decode()
+    (received,) = webhook_receiver.bodies
+    assert received["event"] == "test"
+    assert "sent by operator" in received["message"]
+    assert failed.status_code == 200
+    assert "test failed:" in failed.content.decode()
+    assert AuditLog.objects.filter(verb="test").count() == 2
