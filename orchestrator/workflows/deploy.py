@@ -221,7 +221,9 @@ def _launch_pool(ctx: StepContext, deployment: Deployment, role: str) -> list[di
     return launched
 
 
-async def throughput_check(url: str, model: str, tokens: int, ssl_ctx: Any = None) -> dict[str, Any]:
+async def throughput_check(
+    url: str, model: str, tokens: int, ssl_ctx: Any = None
+) -> dict[str, Any]:
     """One request of ``tokens`` prompt tokens and 8 output tokens; prompt tokens per second."""
     from agents.engines.verify import make_prompt
 

@@ -246,9 +246,7 @@ def test_the_deployment_page_shows_a_proposal_an_operator_approves_with_a_toast(
 
     operator = client_as("operator")
     assert f'id="approve-{proposal.pk}"' in operator.get(page).content.decode()
-    toast = operator.post(
-        f"/api/rebalance-proposals/{proposal.pk}/apply/", HTTP_HX_REQUEST="true"
-    )
+    toast = operator.post(f"/api/rebalance-proposals/{proposal.pk}/apply/", HTTP_HX_REQUEST="true")
     assert toast.status_code == 200
     proposal.refresh_from_db()
     assert proposal.state == "applying"
