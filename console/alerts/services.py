@@ -145,11 +145,14 @@ def channel_target_display(kind: str, target: str) -> str:
     query may be a token; the fingerprint still tells two URLs apart)."""
     if kind != ChannelKind.WEBHOOK:
         return target
-    parts = urlsplit(target)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
     fingerprint = hashlib.sha256(target.encode()).hexdigest()[:8]
+    try:
+        parts = urlsplit(target)
+        host = parts.hostname or ""
+        if parts.port:  # raises ValueError when out of range (the URL validator lets 99999 by)
+            host = f"{host}:{parts.port}"
+    except ValueError:
+        return f"{target.split(':', 1)[0]}://… (sha256 {fingerprint})"
     hidden = "/…" if (parts.path not in ("", "/") or parts.query or parts.username) else "/"
     return f"{parts.scheme}://{host}{hidden} (sha256 {fingerprint})"
 

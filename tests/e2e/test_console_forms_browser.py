@@ -1,8 +1,8 @@
 """The forms as an operator fills them in a real browser: a drill (a bad schedule first,
 named on its input, then fixed), a rollout plan whose steps are removed and added in place
 with htmx, a site's 24 hourly prices saved in place, and a tidal schedule whose plan the page
-then draws. Each asserts what the page shows afterwards; screenshots go to
-``var/screenshots/``."""
+then draws; on the alerts page a rule (a bad metric named first) and a webhook channel, shown
+masked. Each asserts what the page shows afterwards; screenshots go to ``var/screenshots/``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from console.alerts.models import AlertRule, NotificationChannel
 from console.core.models import AuditLog
 from console.drills.models import Drill
 from console.rollouts.models import RolloutPlan
@@ -156,4 +157,45 @@ def test_operator_creates_a_drill_a_rollout_plan_and_a_tidal_schedule(
         ("operator", "schedules.sitepricetable"),
         ("operator", "schedules.tidalschedule"),
     }
+    page.context.close()
+
+
+def test_operator_adds_an_alert_rule_and_a_channel_on_the_alerts_page(
+    browser: Any, live_server: Any, make_user: Any, screenshots: Any
+) -> None:
+    make_user("operator", username="operator")
+    base = live_server.url
+    page = _login(browser, base, "operator")
+
+    page.goto(f"{base}/alerts/")
+    page.click("#rule-new")
+    page.wait_for_url(re.compile(r"/alert-rules/new/"))
+    page.fill("#id_name", "kv-queue-high")
+    page.fill("#id_metric", "kv queue")
+    page.select_option("#id_subject_type", "inventory.node")
+    page.select_option("#id_aggregate", "max")
+    page.fill("#id_threshold", "1e9")
+    page.click("#rule-form button[type=submit]")
+    page.wait_for_selector("#field-metric .field-error")
+    assert "Prometheus metric name" in page.inner_text("#field-metric")
+    page.fill("#id_metric", "kv_link_queue_bytes")
+    page.click("#rule-form button[type=submit]")
+    page.wait_for_url(re.compile(r"/alerts/#rule-\d+$"))
+    rule = AlertRule.objects.get(name="kv-queue-high")
+    assert "Rule kv-queue-high created" in page.inner_text(".messages")
+    assert "max(kv_link_queue_bytes[300s])" in page.inner_text(f"#rule-{rule.pk}")
+
+    page.click("#channel-new")
+    page.wait_for_url(re.compile(r"/alert-channels/new/"))
+    page.fill("#id_name", "ops-hook")
+    page.fill("#id_target", "https://hooks.example.com/services/s3cr3t")
+    page.select_option("#id_min_level", "critical")
+    page.click("#channel-form button[type=submit]")
+    page.wait_for_url(re.compile(r"/alerts/#channel-\d+$"))
+    channel = NotificationChannel.objects.get(name="ops-hook")
+    row = page.inner_text(f"#channel-{channel.pk}")
+    assert "https://hooks.example.com/… (sha256" in row
+    assert "critical" in row
+    assert "s3cr3t" not in page.content()
+    page.screenshot(path=str(screenshots / "alerts-rule-and-channel.png"), full_page=True)
     page.context.close()

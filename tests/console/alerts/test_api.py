@@ -162,3 +162,25 @@ def test_channel_test_mails_an_email_channel_and_is_audited(mailoutbox, make_use
     assert mail.subject == "[pdbridge] test: oncall"
     assert mail.to == ["a@ops.example"]
     assert AuditLog.objects.get(verb="test").after == {"ok": True, "detail": "1 message(s)"}
+
+
+@pytest.mark.parametrize(
+    ("target", "shown"),
+    [
+        ("https://hooks.example.com/T0/tok3n?x=1", "https://hooks.example.com/… (sha256 "),
+        ("https://user:pw@hooks.example.com:8443/", "https://hooks.example.com:8443/… (sha256 "),
+        ("http://hooks.example.com", "http://hooks.example.com/ (sha256 "),
+        ("https://hooks.example.com:99999/tok3n", "https://… (sha256 "),  # a port out of range
+    ],
+)
+def test_a_webhook_target_is_shown_as_host_and_fingerprint(target, shown):
+    from console.alerts.services import channel_target_display
+
+    display = channel_target_display("webhook", target)
+
+    assert display.startswith(shown)
+    assert "tok3n" not in display
+    assert "pw" not in display
+    assert channel_target_display("email", "a@ops.example, b@ops.example") == (
+        "a@ops.example, b@ops.example"
+    )

@@ -229,11 +229,19 @@ def test_an_operator_creates_a_rule_and_a_bad_field_is_named(client_as):
     assert f'hx-post="/alert-rules/{rule.pk}/delete"' in page
 
 
-def test_a_rule_window_the_service_refuses_is_named_on_its_input(client_as):
-    answer = client_as("operator").post("/alert-rules/new/", {**NEW_RULE, "window_s": "5"})
+def test_what_the_rule_service_refuses_is_named_on_its_input(client_as):
+    operator = client_as("operator")
 
-    assert answer.status_code == 400
-    assert 'data-field="window_s">' in answer.content.decode()
+    window = operator.post("/alert-rules/new/", {**NEW_RULE, "window_s": "5"})
+    taken = operator.post("/alert-rules/new/", {**NEW_RULE, "name": "link-rtt-high"})
+
+    assert window.status_code == 400
+    assert (
+        'data-field="window_s">Ensure this value is greater than or equal to 10.'
+        in window.content.decode()
+    )
+    assert taken.status_code == 400
+    assert 'data-field="name">Alert rule with this Name already exists.' in taken.content.decode()
     assert not AlertRule.objects.filter(name="kv-queue-high").exists()
 
 
