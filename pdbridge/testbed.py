@@ -448,7 +448,14 @@ def bring_up(
         probe_listen = f"{layout.binds[site]}:{own.kv_link_wan}"
         groups.start(f"wan-shaper-probe{tag}", wrap(site, shaper(probe_listen, ports.kv_link)))
 
-    rows = register(model, ports, pki, args.wan_mbit, layout, model_weights_sha256(model))
+    # The gateway ships every request's trace to the console (the default samples 1 %): a
+    # testbed's few requests are all worth a look on the trace pages.
+    gateway_settings = var_dir / "sites" / "local" / "gateway.yaml"
+    gateway_settings.parent.mkdir(parents=True, exist_ok=True)
+    gateway_settings.write_text("trace_ship_sample_rate: 1.0\ntrace_ship_interval_s: 1.0\n")
+    rows = register(
+        model, ports, pki, args.wan_mbit, layout, model_weights_sha256(model), gateway_settings
+    )
     addresses: dict[str, str] = {}
     for site, token in rows.tokens.items():
         site_dir = var_dir / "sites" / site

@@ -204,12 +204,14 @@ def register(
     wan_mbit: float,
     layout: Layout,
     weights_sha256: str,
+    gateway_settings_file: Path | None = None,
 ) -> Rows:
     """Sites ``local`` (decode) and each of ``layout.remotes`` (prefill: ``remote``, then
     ``remote-b`` ...), a link from each remote site, one node per site (named as
     ``layout.hosts`` says), the model (with its weights sha256), the ``demo`` deployment with
     its pools (a prefill pool per remote site; servers bound to ``layout.binds``) and a fast
-    rollout plan, and a token per node. With several remote sites the decode pool names each
+    rollout plan, and a token per node; ``gateway_settings_file``: the gateway's settings on
+    the local node (the testbed's ships every trace). With several remote sites the decode pool names each
     site's own WAN path (``kv_site_addresses``, ``kv_link_site_addresses``): its engines and
     its probe dial that site's fault proxy and shaper, so cutting one site's leaves the
     others'."""
@@ -281,7 +283,9 @@ def register(
                          "kv_port": ports.kv_wan, **kv_host,
                          "kv_listen": f"{layout.binds['local']}:{ports.kv_receiver}",
                          "kv_link_port": ports.kv_link, "kv_link_wan_port": ports.kv_link_wan,
-                         "gateway_port": ports.gateway},
+                         "gateway_port": ports.gateway,
+                         **({"gateway_settings_file": str(gateway_settings_file)}
+                            if gateway_settings_file else {})},
     )  # fmt: skip
     for name, remote in remotes.items():
         pool_create(

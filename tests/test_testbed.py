@@ -74,15 +74,78 @@ def probe_evidence(ready: dict, db: sqlite3.Connection) -> dict:
     )["probes"][0]
 
 
+def traced_request(ready: dict, api: ConsoleApi) -> dict:
+    """One request with the client's own ``X-Request-Id`` through the testbed's gateway, as a
+    user would follow it (docs/runbook.md, "Reading a trace"): its id in the gateway's, both
+    engines' and the KV link's log lines on each site, and its trace on the console with every
+    leg, found by that id."""
+    rid = f"smoke-{uuid.uuid4().hex[:12]}"
+    context = ssl.create_default_context(cafile=ready["ca"])
+    body = {"model": ready["served_model"], "max_tokens": 4,
+            "prompt": "Follow this one request across both sites, please. " * 8}  # fmt: skip
+    request = urllib.request.Request(  # noqa: S310 - the testbed's gateway
+        f"{ready['gateway_url']}/v1/completions", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "X-Request-Id": rid},
+    )  # fmt: skip
+    with urllib.request.urlopen(request, timeout=60, context=context) as response:  # noqa: S310
+        assert response.headers["x-request-id"] == rid
+        assert response.headers["x-pdbridge-path"] == "remote"
+    logs = Path(ready["var_dir"]) / "sites"
+    expected = {
+        "local/state/logs": ["gateway.remote_served", "transfer_begun", "transfer_finished",
+                             "kv_imported", "path=remote"],
+        "remote/state/logs": ["transfer_sent", "kv_sent", "path=prefill"],
+    }  # fmt: skip
+    deadline = time.monotonic() + 60
+    while True:
+        lines = {
+            where: [
+                line
+                for log in (logs / where).glob("*.log")
+                for line in log.read_text(errors="replace").splitlines()
+                if rid in line
+            ]
+            for where in expected
+        }
+        missing = [
+            (where, word)
+            for where, words in expected.items()
+            for word in words
+            if not any(word in line for line in lines[where])
+        ]
+        found = api.call("GET", f"/api/telemetry/traces/?request_id={rid}")[1].get("results")
+        if not missing and found:
+            break
+        assert time.monotonic() < deadline, (missing, lines, found)
+        time.sleep(1)
+    status, trace = api.call("GET", f"/api/telemetry/traces/{found[0]['id']}/")
+    assert status == 200, trace
+    return trace
+
+
 def test_make_run_reaches_full_share_serves_remote_and_shuts_down_clean(tmp_path):
     seen: dict[str, dict] = {}
-    ready, _ = smoke(tmp_path, [], lambda ready, db: seen.update(probe=probe_evidence(ready, db)))
+
+    def while_up(ready: dict, db: sqlite3.Connection) -> None:
+        seen["probe"] = probe_evidence(ready, db)
+        api = ConsoleApi(ready, (tmp_path / "run.out").read_text())
+        seen["trace"] = traced_request(ready, api)
+
+    ready, _ = smoke(tmp_path, [], while_up)
 
     assert ready["namespaces"] == []
     assert ready["gateway_url"].startswith("https://localhost:")
     # The WAN probe crossed the shaping proxy (200 Mbit/s by default), as the KV does: on
     # loopback alone it would measure hundreds of Mbit/s more than the link has.
     assert 0 < seen["probe"]["mbit_s"] <= 220, seen["probe"]
+    trace = seen["trace"]
+    assert (trace["path"], trace["document"]["site"]) == ("remote", "remote")
+    legs = {leg["leg"]: leg for leg in trace["timeline"]}
+    assert list(legs) == ["queue", "prefill", "transfer", "decode", "first_token"]
+    # Each leg names the node whose log holds it and the command that reads it there.
+    assert "dep" in legs["prefill"]["logs"]["command"]
+    assert trace["request_id"] in legs["prefill"]["logs"]["command"]
+    assert legs["decode"]["logs"]["hostname"]
 
 
 def namespaces() -> set[str]:
