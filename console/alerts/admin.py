@@ -1,6 +1,6 @@
 from typing import Any
 
-from django.contrib import admin, messages
+from django.contrib import admin
 
 from console.alerts import services
 from console.alerts.models import Alert, AlertRule, NotificationChannel
@@ -27,20 +27,11 @@ class AlertRuleAdmin(ServiceModelAdmin):
     delete_service = staticmethod(services.alert_rule_delete)
 
     def has_delete_permission(self, request: Any, obj: Any = None) -> bool:
-        """Shipped rules are turned off, not deleted (the service answers 409)."""
+        """Shipped rules are turned off, not deleted (the service answers 409); a bulk delete
+        that includes one is refused whole (Django's 403)."""
         if obj is not None and services.rule_is_shipped(obj):
             return False
         return super().has_delete_permission(request, obj)
-
-    def delete_queryset(self, request: Any, queryset: Any) -> None:
-        shipped = [rule.name for rule in queryset if services.rule_is_shipped(rule)]
-        if shipped:
-            self.message_user(
-                request,
-                f"Shipped rules kept (turn them off): {', '.join(shipped)}",
-                messages.WARNING,
-            )
-        super().delete_queryset(request, queryset.exclude(name__in=shipped))
 
 
 @admin.register(Alert)

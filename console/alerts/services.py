@@ -157,6 +157,21 @@ def channel_target_display(kind: str, target: str) -> str:
     return f"{parts.scheme}://{host}{hidden} (sha256 {fingerprint})"
 
 
+def _failure_text(exc: Exception, channel: NotificationChannel) -> str:
+    """A failed delivery's reason, without the webhook URL or its path in it (an
+    ``InvalidURL`` quotes them)."""
+    text = str(exc)
+    if channel.kind == ChannelKind.WEBHOOK:
+        try:
+            secret = urlsplit(channel.target)._replace(scheme="", netloc="").geturl()
+        except ValueError:
+            secret = ""
+        for part in (channel.target, secret):
+            if part and part != "/":
+                text = text.replace(part, "…")
+    return text[:300]
+
+
 def _channel_snapshot(channel: NotificationChannel) -> dict[str, Any]:
     snapshot = model_snapshot(channel)
     snapshot["target"] = channel_target_display(channel.kind, channel.target)
@@ -234,7 +249,7 @@ def channel_test(*, actor: Actor, channel: NotificationChannel) -> dict[str, Any
             )
         ok = True
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        ok, detail = False, str(exc)[:300]
+        ok, detail = False, _failure_text(exc, channel)
         logger.warning(
             "alert_channel_test_failed", extra={"channel": channel.name, "error": detail}
         )
@@ -462,7 +477,7 @@ def alert_notify(*, alert_id: int, event: str) -> list[dict[str, Any]]:
                 detail = _send_email(channel.target.split(", "), subject, document)
             ok = True
         except (urllib.error.URLError, OSError, ValueError) as exc:
-            ok, detail = False, str(exc)[:300]
+            ok, detail = False, _failure_text(exc, channel)
             logger.warning(
                 "alert_notify_failed",
                 extra={"alert": alert.pk, "channel": channel.name, "error": detail},

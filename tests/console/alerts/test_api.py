@@ -184,3 +184,16 @@ def test_a_webhook_target_is_shown_as_host_and_fingerprint(target, shown):
     assert channel_target_display("email", "a@ops.example, b@ops.example") == (
         "a@ops.example, b@ops.example"
     )
+
+
+def test_a_failed_delivery_does_not_quote_the_webhook_url(db):
+    from console.alerts.models import NotificationChannel
+    from console.alerts.services import _failure_text
+
+    channel = NotificationChannel(
+        name="h", kind="webhook", target="https://hooks.example.com/T0/tok3n"
+    )
+
+    text = _failure_text(ValueError("URL can't contain control characters. '/T0/tok3n'"), channel)
+
+    assert text == "URL can't contain control characters. '…'"
