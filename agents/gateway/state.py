@@ -280,7 +280,14 @@ class Router:
         site = next((s for s in config.prefill if s.name == site_name), None)
         if site is None or not self.site_breakers[site_name].try_acquire():
             return None
-        pool = self.pools[("prefill", site_name)]
+        inst = self._reserve_instance(site, self.pools[("prefill", site_name)])
+        if inst is None:
+            self.site_breakers[site_name].release()
+        return inst
+
+    def _reserve_instance(self, site: Site, pool: PoolHealth) -> Instance | None:
+        """The least-loaded available instance of ``site`` whose breaker lets a request in,
+        reserved; None when there is none."""
         candidates = sorted(
             (
                 i
@@ -292,7 +299,6 @@ class Router:
         for inst in candidates:
             if self.instance_breakers[inst.url].try_acquire():
                 return inst
-        self.site_breakers[site_name].release()
         return None
 
     def local_prefill_in_rotation(self, config: DeploymentConfig) -> bool:
@@ -309,18 +315,7 @@ class Router:
         pool = None if site is None else self.pools.get(("prefill", site.name))
         if site is None or pool is None:
             return None
-        candidates = sorted(
-            (
-                i
-                for i in site.instances
-                if self.instance_breakers[i.url].allows() and pool.available(i.url)
-            ),
-            key=lambda i: self.instance_inflight.get(i.url, 0),
-        )
-        for inst in candidates:
-            if self.instance_breakers[inst.url].try_acquire():
-                return inst
-        return None
+        return self._reserve_instance(site, pool)
 
     def record_prefill(
         self,
