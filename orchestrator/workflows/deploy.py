@@ -455,6 +455,14 @@ def canary(ctx: StepContext) -> StepResult:
     -> this run ends rolled back too (remote share is already 0 %)."""
     deployment = _deployment(ctx)
     run_id = ctx.evidence.get("canary_run")
+    earlier: list[int] = list(ctx.evidence.get("earlier_canaries", []))
+    if run_id is not None and ctx.evidence.get("execution") != ctx.execution:
+        # An operator's retry of this step (a new execution): the canary it started before
+        # has ended (that is why the step failed); a retry means a new canary, not its verdict.
+        previous = WorkflowRun.objects.filter(pk=run_id).first()
+        if previous is None or previous.state not in (RunState.PENDING, RunState.RUNNING):
+            earlier.append(int(run_id))
+            run_id = None
     if run_id is None:
         existing = flows.active_run(deployment, flows.CANARY_KIND)
         if existing is None:
@@ -463,7 +471,13 @@ def canary(ctx: StepContext) -> StepResult:
             )
         run_id = existing.pk
     run = WorkflowRun.objects.get(pk=run_id)
-    evidence = {"canary_run": run_id, "canary_state": run.state}
+    evidence: dict[str, Any] = {
+        "canary_run": run_id,
+        "canary_state": run.state,
+        "execution": ctx.execution,
+    }
+    if earlier:
+        evidence["earlier_canaries"] = earlier
     if run.state in (RunState.PENDING, RunState.RUNNING):
         return Wait(float(ctx.params.get("recheck_s", 2.0)), evidence)
     if run.state == RunState.SUCCEEDED:
