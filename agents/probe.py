@@ -2,11 +2,14 @@
 
 The measurement belongs to grpc_kv (:func:`grpc_kv.probe.probe`: a Ping for RTT, then bulk
 1 MiB blocks over parallel streams, timed by the receiver); the agent validates the request
-and dials with its own TLS material (the peer's receiver must allow this node's identity).
+and dials with its own TLS material (the peer's receiver must allow this node's identity), and
+reads its network namespace's TCP counters around it for the retransmitted share (the
+link's loss as TCP saw it).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -14,6 +17,32 @@ import grpc
 from agents.config import ConfigError, split_host_port
 from agents.launch import LaunchError
 from grpc_kv.tls import TLSConfig
+
+
+SNMP = Path("/proc/net/snmp")
+
+
+def tcp_segments(snmp: Path = SNMP) -> tuple[int, int] | None:
+    """(segments sent, segments retransmitted) of this network namespace so far, from the
+    kernel's ``Tcp:`` counters; None where they cannot be read (not Linux)."""
+    try:
+        lines = [line.split() for line in snmp.read_text().splitlines() if line.startswith("Tcp:")]
+        names, values = lines[0], lines[1]
+        row = dict(zip(names[1:], (int(v) for v in values[1:]), strict=True))
+        return row["OutSegs"], row["RetransSegs"]
+    except (OSError, IndexError, KeyError, ValueError):
+        return None
+
+
+def retransmit_ratio(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float:
+    """Retransmitted / sent segments between two readings; -1 when unknown (no reading, or
+    nothing sent: a counter that went down or stood still)."""
+    if before is None or after is None:
+        return -1.0
+    sent, again = after[0] - before[0], after[1] - before[1]
+    if sent <= 0 or again < 0:
+        return -1.0
+    return round(again / sent, 6)
 
 
 async def probe_peer(request: Any, tls: TLSConfig) -> dict[str, Any]:
@@ -44,6 +73,7 @@ async def probe_peer(request: Any, tls: TLSConfig) -> dict[str, Any]:
         )
     elif not tls.insecure:
         tls = TLSConfig(ca_file=tls.ca_file, cert_file=tls.cert_file, key_file=tls.key_file)
+    segments = tcp_segments()
     try:
         result = await probe(
             request.address,
@@ -64,4 +94,5 @@ async def probe_peer(request: Any, tls: TLSConfig) -> dict[str, Any]:
         "bytes": result["bytes"],
         "seconds": result["seconds"],
         "peer_site": request.peer_site,
+        "tcp_retransmit_ratio": retransmit_ratio(segments, tcp_segments()),
     }

@@ -509,6 +509,8 @@ def probe(target: Target, peer_site: str, address: str, seconds: float) -> dict[
         "mbit_s": round(float(answer.bandwidth_mbit_s), 2),
         "rtt_ms": round(float(answer.rtt_ms), 3),
         "bytes": int(answer.bytes),
+        # -1 (unknown) from an agent that cannot read its TCP counters, or an older one (0).
+        "tcp_retransmit_ratio": round(float(answer.tcp_retransmit_ratio), 6),
     }
 
 

@@ -75,13 +75,17 @@ def record_samples(link: Link, result: dict[str, Any], now: datetime) -> None:
     """One probe's figures (``agentops.probe``'s answer) as samples of the link: the link
     page's charts and the link alert rules read them (this job and deployment step 2)."""
     mbit_s = float(result["mbit_s"])
+    values = {
+        names.LINK_MEASURED_MBIT_S: mbit_s,
+        names.LINK_RTT_MS: float(result["rtt_ms"]),
+        names.LINK_RATE_RATIO: mbit_s / link.provisioned_mbit_s,
+    }
+    loss = result.get("tcp_retransmit_ratio")
+    if loss is not None and loss >= 0:  # -1: the agent could not read its TCP counters
+        values[names.LINK_RETRANSMIT_RATIO] = float(loss)
     samples_record_many(
         subject=link,
-        values={
-            names.LINK_MEASURED_MBIT_S: mbit_s,
-            names.LINK_RTT_MS: float(result["rtt_ms"]),
-            names.LINK_RATE_RATIO: mbit_s / link.provisioned_mbit_s,
-        },
+        values=values,
         labels={"probe_bytes": result["bytes"], "from": result["from"]},
         at=now,
     )

@@ -179,6 +179,12 @@ def link_detail(request: HttpRequest, pk: int) -> HttpResponse:
             ),
             ChartSpec("Round-trip time", {"rtt": names.LINK_RTT_MS}, "ms"),
             ChartSpec(
+                "TCP retransmissions during the probe",
+                {"retransmitted": names.LINK_RETRANSMIT_RATIO},
+                "share of segments",
+                from_zero=True,
+            ),
+            ChartSpec(
                 "Utilisation against the ceiling",
                 {"utilisation": names.LINK_UTILIZATION},
                 "share of link",

@@ -15,6 +15,8 @@ LINK_RTT_MS = "link_rtt_ms"
 #: measured / provisioned rate (the link alert compares this, so it holds for any link size)
 LINK_RATE_RATIO = "link_measured_ratio"
 LINK_UTILIZATION = "link_utilization_ratio"
+#: TCP segments retransmitted / sent at the probing node while the probe ran (its loss)
+LINK_RETRANSMIT_RATIO = "link_tcp_retransmit_ratio"
 
 # deployments.deployment (the gateway's metrics, scraped)
 TTFT_P50 = "gateway_ttft_p50_seconds"

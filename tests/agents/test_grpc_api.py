@@ -521,6 +521,25 @@ def test_probe_measures_bandwidth_and_rtt_to_a_peer(api: Any, peer_receiver: int
     assert result.bandwidth_mbit_s > 0
     assert result.rtt_ms > 0
     assert 0 < result.bytes <= (8 << 20) + (1 << 20)
+    # The namespace's TCP counters were read around it (loopback rarely retransmits).
+    assert 0 <= result.tcp_retransmit_ratio < 0.5
+
+
+def test_the_retransmitted_share_comes_from_the_kernels_tcp_counters(tmp_path) -> None:
+    from agents.probe import retransmit_ratio, tcp_segments
+
+    snmp = tmp_path / "snmp"
+    snmp.write_text(
+        "Ip: Forwarding DefaultTTL\nIp: 1 64\n"
+        "Tcp: RtoAlgorithm OutSegs RetransSegs InErrs\nTcp: 1 1000 10 0\n"
+    )
+    before = tcp_segments(snmp)
+    assert before == (1000, 10)
+    assert retransmit_ratio(before, (3000, 30)) == 0.01
+    assert retransmit_ratio(before, before) == -1.0  # nothing sent: unknown, not 0
+    assert retransmit_ratio(None, before) == -1.0
+    assert tcp_segments(tmp_path / "absent") is None
+    assert tcp_segments() is not None  # this machine's own
 
 
 def test_kv_link_launch_then_probe_it_over_mtls(api: Any) -> None:

@@ -625,6 +625,11 @@ def test_link_probe_job_charts_the_link_and_a_throttled_link_fires_link_rate_low
     page = client.get(f"/links/{Link.objects.get().pk}/").content.decode()
     assert "Measured bandwidth" in page
     assert "No data yet" not in page.split("Round-trip")[0]
+    # Loss as TCP saw it at the probing node (its namespace's counters), charted too.
+    loss = MetricSample.objects.filter(name="link_tcp_retransmit_ratio").order_by("at")
+    assert loss.count() >= 3
+    assert all(0 <= s.value < 1 for s in loss)
+    assert "No data yet" not in page.split("TCP retransmissions")[1].split("Utilisation")[0]
     assert f"flows v{world.deployment.version}" in page
     assert "stale" not in page.split("last probe")[1][:80]
 
