@@ -79,11 +79,12 @@ PAGES = [
 
 
 def _pages(page: object, base: str) -> list[tuple[str, str]]:
-    """``PAGES`` plus the first link's page and the newest trace's, found on their lists."""
+    """``PAGES`` plus the first link's page and the newest remote trace's (its legs across both
+    sites), found on their lists."""
     found = list(PAGES)
     for listing, pattern, name in (
         ("/links/", r'href="(/links/\d+/)"', "link.png"),
-        ("/traces/", r'href="(/traces/\d+/)"', "trace.png"),
+        ("/traces/?path=remote", r'href="(/traces/\d+/)"', "trace.png"),
     ):
         page.goto(f"{base}{listing}")  # type: ignore[attr-defined]
         match = re.search(pattern, page.content())  # type: ignore[attr-defined]
