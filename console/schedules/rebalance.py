@@ -279,9 +279,10 @@ def rebalance_move_nodes(*, proposal: RebalanceProposal) -> int:
 
 
 def rebalance_finish(*, proposal_id: int, ok: bool) -> None:
-    """The rebalance run's end: its proposal becomes ``applied`` or ``failed``."""
+    """The rebalance run's end: its proposal becomes ``applied`` or ``failed`` (a failed one
+    whose run an operator retried and that then succeeded: ``applied``)."""
     proposal = RebalanceProposal.objects.get(pk=proposal_id)
-    if proposal.state == ProposalState.APPLYING:
+    if proposal.state in (ProposalState.APPLYING, ProposalState.FAILED):
         _decide(None, proposal, ProposalState.APPLIED if ok else ProposalState.FAILED)
 
 

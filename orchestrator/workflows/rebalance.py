@@ -93,7 +93,9 @@ def _elapsed(ctx: StepContext) -> tuple[float, float]:
 # -- 1 -------------------------------------------------------------------------------------
 def check(ctx: StepContext) -> StepResult:
     proposal = _proposal(ctx)
-    if proposal.state != ProposalState.APPLYING or proposal.run_id != ctx.run_id:
+    # Failed: this run failed here before and an operator retried it.
+    ours = proposal.state in (ProposalState.APPLYING, ProposalState.FAILED)
+    if not ours or proposal.run_id != ctx.run_id:
         return Fail(f"proposal {proposal.pk} is {proposal.state}, not being applied by this run")
     if canary_in_progress(proposal.deployment) is not None:
         return Fail("a canary is in progress on the deployment")

@@ -113,10 +113,16 @@ def test_approving_starts_the_run_whose_join_moves_the_nodes_through_the_pool_se
     ]
     # A join that runs again (its worker died after the move) moves nothing twice.
     assert rebalance_move_nodes(proposal=applying) == version + 2
-    rebalance_finish(proposal_id=proposal.pk, ok=True)
+    rebalance_finish(proposal_id=proposal.pk, ok=False)  # a step failed ...
+    proposal.refresh_from_db()
+    assert proposal.state == "failed"
+    rebalance_finish(proposal_id=proposal.pk, ok=True)  # ... and its retry went through
     proposal.refresh_from_db()
     assert proposal.state == "applied"
     assert proposal.decided_by_label == "rebalance"
+    rebalance_finish(proposal_id=proposal.pk, ok=False)  # an applied one stays applied
+    proposal.refresh_from_db()
+    assert proposal.state == "applied"
 
 
 def test_a_move_that_would_empty_a_pool_or_no_longer_applies_is_refused(local8):
