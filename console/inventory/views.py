@@ -60,11 +60,15 @@ def site_detail(request: HttpRequest, pk: int) -> HttpResponse:
     lines: dict[str, list[tuple[datetime, float]]] = {name: [] for name in label.values()}
     for sample in samples.values_list("subject_id", "at", "value"):
         lines[label[sample[0]]].append((sample[1], sample[2]))
+    since = timezone.now() - HISTORY
+    # The config versions of the deployments over any of these links, each once.
+    events = sorted({e for link in links for e in config_events(link, since)})[-MAX_EVENTS:]
     chart = time_chart(
         title="Measured bandwidth of the site's links",
         lines=lines,
         y_title="Mbit/s",
         hint="Bandwidth probes of the links add points.",
+        events=events,
     )
     return render(
         request,

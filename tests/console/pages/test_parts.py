@@ -185,6 +185,10 @@ def test_link_page_marks_config_versions_and_flags_a_stale_measurement(world, cl
 
     assert f"{world.deployment.name} v{version}" in html  # the marker's label
     assert "400</b><span>last probe Mbit/s" in html
+    # The sites at both ends chart the same link with the same markers.
+    for site in (world.link.from_site_id, world.link.to_site_id):
+        page = client_as("viewer").get(f"/sites/{site}/").content.decode()
+        assert f"{world.deployment.name} v{version}" in page
     assert 'badge warn">stale' in html
     settings.LINK_PROBE_S = 3600
     html = client_as("viewer").get(f"/links/{world.link.pk}/").content.decode()
