@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from grpc_kv.faultproxy import Bandwidth, FaultProxy, Flip
-from tests.vllm.conftest import Pair, metric_sum, metrics, prompt_of, tokens_and_top5
+from tests.vllm.conftest import MODELS, Pair, metric_sum, metrics, post, prompt_of, tokens_and_top5
 
 ARCH = "qwen3"
 BLOCK = 128  # vLLM's CPU block size
@@ -32,6 +32,15 @@ def connector_count(url: str, name: str) -> float:
     return metric_sum(metrics(url), f"vllm:pdbridge_kv_{name}_total")
 
 
+def _step(url: str) -> None:
+    """One tiny request: vLLM takes the connector's stats at each engine step, so a transfer
+    that finished after the last step of its request shows only once another step runs (an
+    idle server never exports it; seen when a resend came after the request's last step)."""
+    body = {"model": str(MODELS / ARCH), "prompt": "a", "max_tokens": 1}
+    status, answer = post(url + "/v1/completions", body)
+    assert status == 200, answer
+
+
 def wait_count(url: str, name: str, above: float, timeout_s: float = 120.0) -> float:
     """The connector counter once it exceeds ``above``: vLLM exports connector stats with the
     engine step that reports the transfer done, then its stats logger, so they lag the answer."""
@@ -39,6 +48,7 @@ def wait_count(url: str, name: str, above: float, timeout_s: float = 120.0) -> f
     while (value := connector_count(url, name)) <= above:
         assert time.monotonic() < deadline, f"{name} stayed at {value} (> {above} expected)"
         time.sleep(0.5)
+        _step(url)
     return value
 
 
@@ -47,6 +57,7 @@ def wait_resent(url: str, above: float, timeout_s: float = 120.0) -> None:
     while connector_count(url, "retransmits") + connector_count(url, "resumes") <= above:
         assert time.monotonic() < deadline, "no chunk was sent again"
         time.sleep(0.5)
+        _step(url)
 
 
 def assert_same(local: dict[str, Any], remote: dict[str, Any]) -> None:
