@@ -12,7 +12,10 @@ over the window with at least ``min_requests`` outcomes, the error rate exceeds
 ``ejection_base_s * 2**(ejections-1)`` capped at ``ejection_cap_s``; then ``half_open`` lets
 ``half_open_probes`` requests through at a time; ``close_after_successes`` successes close it,
 one failure re-opens it with a longer ejection. The ejection count decays back to zero after
-the breaker has stayed closed for ``ejection_cap_s``.
+the breaker has stayed closed for ``ejection_decay_s``. The cap is short (10 s) on purpose:
+it bounds how long traffic stays away after the fault cleared (the next half-open probe
+comes at most a cap later), while the decay (120 s) keeps a flapping target's ejections long
+for that while.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ class BreakerSettings:
     min_requests: int = 20
     consecutive_failures: int = 5
     ejection_base_s: float = 5.0
-    ejection_cap_s: float = 120.0
+    ejection_cap_s: float = 10.0
+    ejection_decay_s: float = 120.0
     half_open_probes: int = 1
     close_after_successes: int = 3
     max_samples: int = 2_000
@@ -134,7 +138,7 @@ class CircuitBreaker:
         if state == "open":
             # A request sent before the breaker opened; it no longer changes anything.
             return
-        if now - self._closed_since >= self.settings.ejection_cap_s:
+        if now - self._closed_since >= self.settings.ejection_decay_s:
             self._ejections = 0
         self._window.append((now, ok, latency_s))
         if not ok:

@@ -326,7 +326,11 @@ class GatewaySettings:
     breaker_min_requests: int = 20
     breaker_consecutive_failures: int = 5
     breaker_ejection_base_s: float = 5.0
-    breaker_ejection_cap_s: float = 120.0
+    #: The longest ejection: after a fault clears, traffic returns within about this (the
+    #: next half-open probe); each probe during a long outage costs one request a failover
+    #: or fallback. The ejection count decays after ``breaker_ejection_decay_s`` closed.
+    breaker_ejection_cap_s: float = 10.0
+    breaker_ejection_decay_s: float = 120.0
     breaker_half_open_probes: int = 1
     breaker_close_after_successes: int = 3
     #: Pool health (every decode and prefill instance; see agents.gateway.health): legs in
@@ -445,6 +449,7 @@ class GatewaySettings:
             consecutive_failures=self.breaker_consecutive_failures,
             ejection_base_s=self.breaker_ejection_base_s,
             ejection_cap_s=self.breaker_ejection_cap_s,
+            ejection_decay_s=self.breaker_ejection_decay_s,
             half_open_probes=self.breaker_half_open_probes,
             close_after_successes=self.breaker_close_after_successes,
         )

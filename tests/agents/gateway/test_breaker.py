@@ -11,6 +11,7 @@ SETTINGS = BreakerSettings(
     consecutive_failures=5,
     ejection_base_s=5,
     ejection_cap_s=40,
+    ejection_decay_s=40,
     half_open_probes=1,
     close_after_successes=3,
 )
@@ -166,6 +167,33 @@ def test_ejection_count_decays_after_staying_closed(breaker, clock):
     while breaker.state == "open":
         clock.now += 1
     assert clock.now - start == 5
+
+
+def test_the_defaults_bring_traffic_back_within_the_cap_yet_remember_a_flapping_target(clock):
+    """Defaults: a long outage is probed every 10 s at most, so traffic returns within 10 s of
+    the fault clearing; closed for less than the 120 s decay, the next trip starts at the cap."""
+    breaker = CircuitBreaker("remote", BreakerSettings(), clock)
+    feed(breaker, [False] * 5)
+    durations = []
+    for _ in range(4):  # the outage goes on: every half-open probe fails
+        start = clock.now
+        while breaker.state == "open":
+            clock.now += 1
+        durations.append(clock.now - start)
+        assert breaker.try_acquire()
+        breaker.record(False, 0.1)
+    assert durations == [5, 10, 10, 10]
+    while breaker.state == "open":  # the fault cleared during this ejection
+        clock.now += 1
+    feed(breaker, [True] * 3)
+    assert breaker.state == "closed"
+
+    clock.now += 60  # flaps again within the decay
+    feed(breaker, [False] * 5)
+    start = clock.now
+    while breaker.state == "open":
+        clock.now += 1
+    assert clock.now - start == 10
 
 
 def test_release_frees_probe_slot(breaker, clock):
