@@ -18,7 +18,6 @@ from agents.config import ConfigError, split_host_port
 from agents.launch import LaunchError
 from grpc_kv.tls import TLSConfig
 
-
 SNMP = Path("/proc/net/snmp")
 
 
