@@ -28,7 +28,7 @@ from console.alerts.forms import AlertRuleForm, ChannelForm
 from console.alerts.models import Alert, AlertRule, NotificationChannel
 from console.alerts.services import alert_acknowledge, alert_rule_update
 from console.core.choices import Role
-from console.core.forms import call_service
+from console.core.forms import call_service, save_through
 from console.core.pages import action_view, page_view, paginate
 from console.core.roles import user_has_role
 
@@ -249,20 +249,10 @@ def _channel_save(request: HttpRequest, pk: int | None) -> HttpResponse:
     message, or the form again (400) with each refusal on its input."""
     channel = get_object_or_404(NotificationChannel, pk=pk) if pk is not None else None
     form = ChannelForm(request.POST, channel=channel)
-    saved = None
-    if form.is_valid():
-        if channel is None:
-            saved = call_service(
-                form, services.channel_create, actor=request.user, **form.service_fields()
-            )
-        else:
-            saved = call_service(
-                form,
-                services.channel_update,
-                actor=request.user,
-                channel=channel,
-                **form.service_fields(),
-            )
+    saved = save_through(
+        form, actor=request.user, create=services.channel_create,
+        update=services.channel_update, instance=channel, instance_kwarg="channel",
+    )  # fmt: skip
     if saved is None:
         if channel is not None:
             channel.refresh_from_db()

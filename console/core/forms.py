@@ -95,6 +95,28 @@ def call_service(
         return None
 
 
+def save_through(
+    form: forms.BaseForm,
+    *,
+    actor: Any,
+    create: Callable[..., T],
+    update: Callable[..., T],
+    instance: Any,
+    instance_kwarg: str,
+    aliases: Mapping[str, str] | None = None,
+    **extra: Any,
+) -> T | None:
+    """A valid form's ``service_fields()`` through ``create`` (no ``instance``: with ``extra``)
+    or ``update`` (``instance_kwarg=instance``); None when the form is invalid or the service
+    refused (the refusals are on the form, see :func:`call_service`)."""
+    if not form.is_valid():
+        return None
+    fields = form.service_fields()  # type: ignore[attr-defined]
+    if instance is None:
+        return call_service(form, create, aliases, actor=actor, **extra, **fields)
+    return call_service(form, update, aliases, actor=actor, **{instance_kwarg: instance}, **fields)
+
+
 def hourly_values(data: Mapping[str, Any], prefix: str, *, integer: bool) -> list[Any]:
     """The 24 inputs ``<prefix>_0`` .. ``<prefix>_23`` as numbers. A value that does not
     parse is passed on as the text typed, so the service's check names its hour

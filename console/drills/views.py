@@ -20,7 +20,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
 from console.core.choices import Role
-from console.core.forms import call_service
+from console.core.forms import save_through
 from console.core.pages import action_view, is_id, page_view, paginate
 from console.core.roles import user_has_role
 from console.deployments.models import Deployment
@@ -128,22 +128,10 @@ def _drill_save(request: HttpRequest, pk: int | None) -> HttpResponse:
     message, or the form again (400) with each refusal on its field."""
     drill = get_object_or_404(Drill, pk=pk) if pk is not None else None
     form = DrillForm(request.POST, drill=drill)
-    saved = None
-    if form.is_valid():
-        fields = form.service_fields()
-        if drill is None:
-            saved = call_service(
-                form, services.drill_create, DrillForm.ALIASES, actor=request.user, **fields
-            )
-        else:
-            saved = call_service(
-                form,
-                services.drill_update,
-                DrillForm.ALIASES,
-                actor=request.user,
-                drill=drill,
-                **fields,
-            )
+    saved = save_through(
+        form, actor=request.user, create=services.drill_create, update=services.drill_update,
+        instance=drill, instance_kwarg="drill", aliases=DrillForm.ALIASES,
+    )  # fmt: skip
     if saved is None:
         if drill is not None:
             drill.refresh_from_db()

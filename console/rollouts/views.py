@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
 from console.core.choices import Role
-from console.core.forms import call_service
+from console.core.forms import save_through
 from console.core.pages import action_view, is_id, page_view, paginate
 from console.core.roles import user_has_role
 from console.deployments.models import Deployment
@@ -113,20 +113,10 @@ def _plan_save(request: HttpRequest, pk: int | None) -> HttpResponse:
     the form again (400) with each refusal on its input."""
     plan = get_object_or_404(RolloutPlan, pk=pk) if pk is not None else None
     form = RolloutPlanForm(request.POST, plan=plan)
-    saved = None
-    if form.is_valid():
-        if plan is None:
-            saved = call_service(
-                form, services.rollout_plan_create, actor=request.user, **form.service_fields()
-            )
-        else:
-            saved = call_service(
-                form,
-                services.rollout_plan_update,
-                actor=request.user,
-                plan=plan,
-                **form.service_fields(),
-            )
+    saved = save_through(
+        form, actor=request.user, create=services.rollout_plan_create,
+        update=services.rollout_plan_update, instance=plan, instance_kwarg="plan",
+    )  # fmt: skip
     if saved is None:
         if plan is not None:
             plan.refresh_from_db()

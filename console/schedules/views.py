@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 
 from console.core.charts import _html, xy_chart
 from console.core.choices import Role
-from console.core.forms import call_service
+from console.core.forms import save_through
 from console.core.pages import action_view, is_id, page_view, paginate
 from console.core.roles import user_has_role
 from console.inventory.models import Site
@@ -244,20 +244,10 @@ def _tidal_save(request: HttpRequest, pk: int | None) -> HttpResponse:
     form again (400) with each refusal on its input or hour."""
     schedule = get_object_or_404(_schedules(), pk=pk) if pk is not None else None
     form = TidalScheduleForm(request.POST, schedule=schedule)
-    saved = None
-    if form.is_valid():
-        if schedule is None:
-            saved = call_service(
-                form, services.tidal_schedule_create, actor=request.user, **form.service_fields()
-            )
-        else:
-            saved = call_service(
-                form,
-                services.tidal_schedule_update,
-                actor=request.user,
-                schedule=schedule,
-                **form.service_fields(),
-            )
+    saved = save_through(
+        form, actor=request.user, create=services.tidal_schedule_create,
+        update=services.tidal_schedule_update, instance=schedule, instance_kwarg="schedule",
+    )  # fmt: skip
     if saved is None:
         if schedule is not None:
             schedule.refresh_from_db()
@@ -295,24 +285,10 @@ def price_save(request: HttpRequest, site_pk: int) -> HttpResponse:
     site = get_object_or_404(Site, pk=site_pk)
     table = SitePriceTable.objects.filter(site=site).first()
     form = PriceTableForm(request.POST, site=site, table=table)
-    saved = None
-    if form.is_valid():
-        if table is None:
-            saved = call_service(
-                form,
-                services.price_table_create,
-                actor=request.user,
-                site=site,
-                **form.service_fields(),
-            )
-        else:
-            saved = call_service(
-                form,
-                services.price_table_update,
-                actor=request.user,
-                table=table,
-                **form.service_fields(),
-            )
+    saved = save_through(
+        form, actor=request.user, create=services.price_table_create,
+        update=services.price_table_update, instance=table, instance_kwarg="table", site=site,
+    )  # fmt: skip
     htmx = request.headers.get("HX-Request") == "true"
     if saved is None:
         if htmx:
