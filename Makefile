@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # Every bench/<part>.py is a benchmark: `make bench-<part>` runs one, `make bench` all.
 BENCHES := $(patsubst bench/%.py,bench-%,$(filter-out bench/__init__.py,$(wildcard bench/*.py)))
 
-.PHONY: install install-real vllm-env run soak test lint format bench $(BENCHES) protos clean-venv
+.PHONY: install install-real vllm-env run soak test test-under-load lint format bench $(BENCHES) protos clean-venv
 
 $(PY):
 	$(PYTHON_BOOT) -m venv $(VENV)
@@ -49,6 +49,11 @@ soak: $(STAMP)
 ## The README's test command (.ci/run calls it with CI=true).
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## A subset of the suite and the run command beside two CPU burners, deadlines scaled by
+## PDBRIDGE_TEST_TIME_SCALE=3 (.ci/run runs it after `make test`; docs/testing.md).
+test-under-load: $(STAMP)
+	scripts/test-under-load.sh
 
 lint: $(STAMP) protos  # mypy needs the generated stubs
 	$(VENV)/bin/ruff check .

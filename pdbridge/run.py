@@ -64,7 +64,12 @@ def main(argv: list[str]) -> int:
                               "with its own agent, prefill pool and shaped WAN path")  # fmt: skip
     testbed.add_argument("--var-dir", default=os.environ.get("PDBRIDGE_TESTBED_DIR", "var/testbed"))
     testbed.add_argument("--deploy-timeout", type=float, default=900.0, help="seconds")
-    testbed.add_argument("--deploy-retries", type=int, default=1, help="retries of a failed step")
+    testbed.add_argument(
+        "--deploy-retries",
+        type=int,
+        default=2,
+        help="retries of a failed step, each after a doubling pause (2 s, 4 s, ... up to 15 s)",
+    )
     testbed.add_argument("--ready-file", default="", help="write the endpoints as JSON when up")
     testbed.add_argument(
         "--exit-after", type=float, default=0.0, help="stop after N s up (0: never)"

@@ -54,6 +54,9 @@ from pdbridge.testbed_rows import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+#: The pause before retrying a failed deploy step doubles from this on each retry, up to the cap.
+RETRY_BACKOFF_S = 2.0
+RETRY_BACKOFF_MAX_S = 15.0
 
 
 class Stop(Exception):
@@ -322,7 +325,11 @@ def _deploy(deployment_id: int, traffic: DemoTraffic, timeout: float, retries: i
         _say(f"deploy run {run.pk} {run.state}: {reason}")
         if failed is None or attempt == retries:
             raise RuntimeError(f"deploy run {run.pk} {run.state}: {reason}")
-        _say(f"retrying from step {failed.index + 1} ({failed.name})")
+        # Backoff before the retry: on a loaded machine what failed (a probe's first
+        # connection, an engine's start) usually needs seconds, not an immediate second try.
+        pause = min(RETRY_BACKOFF_S * 2**attempt, RETRY_BACKOFF_MAX_S)
+        _say(f"retrying from step {failed.index + 1} ({failed.name}) in {pause:g} s")
+        time.sleep(pause)
         run = run_services.run_retry(actor=None, run=run, from_index=failed.index)
     deployment = Deployment.objects.get(pk=deployment_id)
     if deployment.remote_share_percent != 100:

@@ -18,7 +18,7 @@ import pytest
 
 from pdbridge import netns, run
 from tests.netns import require_netns
-from tests.support import subprocess_env, unavailable
+from tests.support import deadline_in, subprocess_env, unavailable
 
 ECHO = """
 import socket, sys
@@ -57,7 +57,7 @@ def _dial(sites: netns.NamespaceSites, where: str | None, address: str, port: in
 
 
 def _dial_until(sites: netns.NamespaceSites, where: str, address: str, port: int) -> str:
-    deadline = time.monotonic() + 20
+    deadline = deadline_in(20)
     while (answer := _dial(sites, where, address, port)).startswith("error"):
         assert time.monotonic() < deadline, answer
         time.sleep(0.5)

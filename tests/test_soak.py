@@ -12,7 +12,7 @@ import pytest
 
 from pdbridge import soak
 from pdbridge.procgroup import descendants
-from tests.support import subprocess_env
+from tests.support import deadline_in, subprocess_env
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def tree():
         "time.sleep(60)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, "engine serve --role prefill"])
-    deadline = time.monotonic() + 20
+    deadline = deadline_in(20)
     while len(descendants(proc.pid)) < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     yield proc

@@ -29,7 +29,7 @@ import pytest
 
 from pdbridge.procgroup import port_is_free, terminate_session
 from tests.netns import require_netns
-from tests.support import subprocess_env
+from tests.support import deadline_in, subprocess_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -96,7 +96,7 @@ def traced_request(ready: dict, api: ConsoleApi) -> dict:
                              "kv_imported", "path=remote"],
         "remote/state/logs": ["transfer_sent", "kv_sent", "path=prefill"],
     }  # fmt: skip
-    deadline = time.monotonic() + 60
+    deadline = deadline_in(60)
     while True:
         lines = {
             where: [
@@ -264,7 +264,7 @@ def test_make_run_two_remote_sites_a_one_site_link_cut_fails_over_to_the_other(t
         })  # fmt: skip
         assert status == 201, drill
         report_id = drill["last_report"]["id"]
-        deadline = time.monotonic() + 300
+        deadline = deadline_in(300)
         while (report := api.call("GET", f"/api/drill-reports/{report_id}/")[1])["state"] == (
             "running"
         ):
@@ -332,7 +332,7 @@ def smoke(tmp_path: Path, args: list[str], while_up=None) -> tuple[dict, str]:
         env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 900
+        deadline = deadline_in(900)
         while not ready_file.exists():
             assert proc.poll() is None, (tmp_path / "run.out").read_text()[-5000:]
             assert time.monotonic() < deadline, (tmp_path / "run.out").read_text()[-5000:]
@@ -369,7 +369,7 @@ def smoke(tmp_path: Path, args: list[str], while_up=None) -> tuple[dict, str]:
             "ON d.model_id = m.id WHERE d.id = ?",
             (ready["deployment_id"],),
         ).fetchone()
-        deadline = time.monotonic() + 60
+        deadline = deadline_in(60)
         while not all(w and {e["state"] for e in w} == {"ok"} for _, _, w in reports()):
             assert time.monotonic() < deadline, reports()
             time.sleep(1)

@@ -22,7 +22,7 @@ import yaml
 
 from agents.proto.api import pb_grpc
 from tests.agents.pki import Pki, make_pki
-from tests.support import subprocess_env
+from tests.support import deadline_in, subprocess_env
 
 PY = sys.executable
 HEALTHSERVER = ["{python}", "-m", "tests.agents.healthserver", "--port", "{port}"]
@@ -213,7 +213,7 @@ def start_agent(
             stderr=subprocess.STDOUT,
             env=subprocess_env(),
         )
-    deadline = time.monotonic() + timeout
+    deadline = deadline_in(timeout)
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise AssertionError(
@@ -260,18 +260,6 @@ def stub(
             agent.address, creds, options=[("grpc.ssl_target_name_override", "dec-1")]
         )
     return pb_grpc.AgentControlStub(channel)
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, interval: float = 0.1) -> Any:
-    """Poll until ``predicate()`` is truthy; returns its value or fails after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(interval)
 
 
 def pid_alive(pid: int) -> bool:

@@ -25,11 +25,12 @@ from console.deployments.readiness import readiness
 from console.inventory.models import Node
 from console.inventory.services import node_mark_missing, node_token_issue
 from grpc_kv.certs import create_ca, create_node_cert
-from tests.agents.conftest import AgentProc, agent_config, stub, wait_for
+from tests.agents.conftest import AgentProc, agent_config, stub
 from tests.agents.pki import Pki
 from tests.agents.test_grpc_api import T
 from tests.agents.test_grpc_api import settings as struct
 from tests.console.conftest import World, world  # noqa: F401  (the console's test world)
+from tests.support import wait_for
 
 #: How long a test waits for an event (a beat, a hash, a status): generous, so that a loaded
 #: machine (agents start slowly, hashing a checkpoint takes longer) is not a failure; a

@@ -27,10 +27,9 @@ from tests.agents.conftest import (
     free_port,
     pid_alive,
     stub,
-    wait_for,
 )
 from tests.agents.test_grpc_api import T, settings
-from tests.support import subprocess_env
+from tests.support import subprocess_env, wait_for
 
 
 def _launch_family(agent: AgentProc, tmp_path: Path) -> tuple[int, int, int]:

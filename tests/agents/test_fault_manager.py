@@ -17,6 +17,7 @@ from agents import faults
 from agents.config import FaultsConfig
 from agents.faults import Fault, FaultContext, FaultError, FaultInjector
 from agents.faults.manager import FaultManager, Journal
+from tests.support import deadline_in
 
 
 class Recording(FaultInjector):
@@ -79,7 +80,7 @@ def test_failed_restore_is_retried_not_spun(manager: FaultManager) -> None:
         await manager.start()
         Recording.restore_failures = 1
         await manager.inject("recording", "x", 0.2, {})
-        deadline = time.monotonic() + 5
+        deadline = deadline_in(5)
         while manager.active and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         await manager.close()

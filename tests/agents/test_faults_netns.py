@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from agents.proto.api import pb
-from tests.agents.conftest import AgentProc, agent_config, free_port, stub, wait_for
+from tests.agents.conftest import AgentProc, agent_config, free_port, stub
 from tests.agents.test_grpc_api import T, settings
-from tests.support import unavailable
+from tests.support import unavailable, wait_for
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
@@ -132,18 +132,19 @@ def test_link_cut_expires_by_itself(
     assert list(stub(agent, None).Status(pb.StatusRequest(), timeout=T).faults) == []
 
 
-def test_restarted_agent_restores_journalled_fault_within_5s(
+def test_restarted_agent_restores_journalled_fault_before_it_serves(
     agent_factory: Callable[..., AgentProc], tmp_path: Path, sites: Sites
 ) -> None:
+    """Ordered, not timed (a loaded machine starts an agent in anything from 1 to 30 s): the
+    restore is the start-up's first act, so the link is back as soon as the next agent serves."""
     config = _config(tmp_path, sites)
     agent = agent_factory(config)
     _inject(agent, "link_cut", 300)
     agent.kill9()
     assert not sites.reachable()  # the fault outlives the agent that injected it...
-    started = time.monotonic()
-    agent_factory(config, subdir="second")
-    wait_for(sites.reachable, 5)  # ...until the next agent starts and restores it
-    assert time.monotonic() - started < 5
+    agent_factory(config, subdir="second")  # returns once the agent serves
+    # ...until the next agent restores it (a veth's carrier can take a moment to come back).
+    wait_for(sites.reachable, 5, what="the link restored by the agent's start")
     assert '"faults": []' in (Path(config["state_dir"]) / "faults.json").read_text()
 
 

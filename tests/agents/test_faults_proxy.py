@@ -16,8 +16,9 @@ import grpc
 import pytest
 
 from agents.proto.api import pb
-from tests.agents.conftest import AgentProc, agent_config, free_port, stub, wait_for
+from tests.agents.conftest import AgentProc, agent_config, free_port, stub
 from tests.agents.test_grpc_api import T, settings
+from tests.support import wait_for
 
 
 class Echo(socketserver.BaseRequestHandler):

@@ -29,11 +29,11 @@ from tests.agents.conftest import (
     pid_alive,
     start_agent,
     stub,
-    wait_for,
 )
 from tests.agents.pki import Pki
+from tests.support import scaled, wait_for
 
-T = 60  # generous per-call deadline: the machine is shared
+T = scaled(60)  # generous per-call deadline: the machine is shared
 
 
 def settings(**values: Any) -> Struct:

@@ -23,8 +23,8 @@ from tests.agents.conftest import (
     free_port,
     pid_alive,
     stub,
-    wait_for,
 )
+from tests.support import wait_for
 
 
 def _slow_request(delay: float) -> Any:

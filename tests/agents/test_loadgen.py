@@ -17,7 +17,7 @@ import pytest
 
 from agents.loadgen import Component, LengthSampler, main, parse_mix, read_records, summarize
 from tests.agents.engines.conftest import EngineProc, start_engine
-from tests.support import subprocess_env
+from tests.support import deadline_in, subprocess_env
 
 MODEL = "qwen3-next"
 
@@ -175,7 +175,7 @@ def test_stop_file_ends_the_run_and_in_flight_requests_are_recorded(
          "--output", str(out), "--stop-file", str(stop)],
         env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 60
+    deadline = deadline_in(60)
     while len(read_records(out)) < 2:
         assert time.monotonic() < deadline, "no records"
         time.sleep(0.1)

@@ -20,9 +20,9 @@ import grpc
 import pytest
 
 from agents.proto.api import pb
-from tests.agents.conftest import AgentProc, agent_config, command_pids, stub, wait_for
+from tests.agents.conftest import AgentProc, agent_config, command_pids, stub
 from tests.agents.test_grpc_api import settings
-from tests.support import subprocess_env
+from tests.support import subprocess_env, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import pytest
 
 from agents.engines.reference import checkpoints
 from agents.weights import WeightsHasher, parse_model_spec, weight_files
-from tests.agents.conftest import wait_for
+from tests.support import wait_for
 
 
 def _settled(hasher: WeightsHasher, path: Path) -> dict[str, Any]:

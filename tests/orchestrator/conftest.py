@@ -14,7 +14,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from tests.support import subprocess_env
+from tests.support import deadline_in, subprocess_env
 
 EXTRA_WORKFLOWS = ",".join(
     f"{name}=tests.orchestrator.wf_{name}" for name in ("flaky", "slow", "gated")
@@ -86,7 +86,7 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., Worker]]:
             proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
         worker = Worker(proc, log)
         workers.append(worker)
-        deadline = time.monotonic() + 60
+        deadline = deadline_in(60)
         while b"ready." not in log.read_bytes():
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"worker did not start:\n{log.read_text()[-3000:]}")

@@ -20,7 +20,7 @@ from orchestrator.celery import app
 from orchestrator.queues import BEAT_SCHEDULE
 from tests.console.conftest import world  # noqa: F401 - fixture used by ``tidal``
 from tests.console.schedules.conftest import tidal  # noqa: F401 - fixture
-from tests.orchestrator.test_runs_worker import wait_for
+from tests.support import wait_for
 
 JOBS = {
     "orchestrator.inventory.mark_missing",

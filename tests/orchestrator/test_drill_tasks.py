@@ -16,6 +16,7 @@ from console.drills.models import DrillReport
 from console.runs.models import WorkflowRun
 from orchestrator.tasks.drills import run_scheduled
 from tests.orchestrator.two_sites import two_site_deployment
+from tests.support import deadline_in
 
 
 def _dead_url() -> str:
@@ -63,7 +64,7 @@ def test_drill_with_unreachable_gateway_fails_its_first_step_and_aborts_the_repo
 
     report = services.drill_run(actor=None, drill=drill)
 
-    deadline = time.monotonic() + 60
+    deadline = deadline_in(60)
     while WorkflowRun.objects.get(pk=report.run_id).state in {"pending", "running"}:
         assert time.monotonic() < deadline, "run did not end"
         time.sleep(0.2)

@@ -14,6 +14,7 @@ from django.test import override_settings
 from agents.loadgen import read_records
 from console.drills.services import LOAD_DEFAULTS
 from orchestrator import drillops
+from tests.support import deadline_in
 
 
 def _params() -> dict:
@@ -24,7 +25,7 @@ def _params() -> dict:
 
 
 def _wait(path: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
+    deadline = deadline_in(timeout)
     while not path.exists():
         assert time.monotonic() < deadline, f"{path} did not appear"
         time.sleep(0.1)
@@ -58,7 +59,7 @@ def test_the_generator_is_reaped_when_it_ends_and_leaves_no_zombie(tmp_path: Pat
         info = drillops.start_load(44, _params(), duration_s=1.0)
     _wait(Path(info["summary"]))
 
-    deadline = time.monotonic() + 30
+    deadline = deadline_in(30)
     while _state(info["pid"]) is not None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _state(info["pid"]) is None

@@ -20,7 +20,7 @@ from console.drills.models import DrillReport
 from console.runs.models import WorkflowRun
 from tests.orchestrator.test_drills_netns import LOAD, WINDOWS, check_report
 from tests.orchestrator.two_sites import TwoSites, build_models, two_site_deployment, two_sites
-from tests.support import unavailable
+from tests.support import deadline_in, unavailable
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -60,7 +60,7 @@ def test_a_link_cut_drill_from_the_api_cuts_at_the_agent_that_owns_the_fault_pro
 
     assert response.status_code == 201, response.json()
     report = DrillReport.objects.get(drill_id=response.json()["id"])
-    deadline = time.monotonic() + 300
+    deadline = deadline_in(300)
     while WorkflowRun.objects.get(pk=report.run_id).state in {"pending", "running"}:
         assert time.monotonic() < deadline, "the drill did not end"
         time.sleep(0.5)

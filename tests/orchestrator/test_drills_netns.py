@@ -25,7 +25,7 @@ from tests.orchestrator.two_sites import (
     two_site_deployment,
     two_sites,
 )
-from tests.support import unavailable
+from tests.support import deadline_in, unavailable
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -59,7 +59,7 @@ def _run_drill(bed: TwoSites, kind: str) -> tuple[DrillReport, WorkflowRun]:
         **WINDOWS,
     )  # fmt: skip
     report = services.drill_run(actor=None, drill=drill)
-    deadline = time.monotonic() + 240
+    deadline = deadline_in(240)
     while time.monotonic() < deadline:
         run = WorkflowRun.objects.get(pk=report.run_id)
         if run.state not in {"pending", "running"}:
@@ -103,7 +103,7 @@ def check_report(report: DrillReport, run: WorkflowRun) -> dict[str, Any]:
     assert summary["requests"] == report.total_requests
     # The worker reaped its load generator: gone, not a zombie (#19).
     pid = steps["start_load"].evidence["pid"]
-    deadline = time.monotonic() + 30
+    deadline = deadline_in(30)
     while process_state(pid) is not None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert process_state(pid) is None, f"load generator {pid}: {process_state(pid)}"

@@ -40,7 +40,7 @@ from tests.agents.conftest import AgentProc, agent_config, free_port, start_agen
 from tests.agents.pki import Pki, make_pki
 from tests.console.factories import ModelSpecFactory, SiteFactory, make_deployment
 from tests.grpc_kv.kvtest import make_header
-from tests.support import subprocess_env
+from tests.support import deadline_in, subprocess_env
 
 pytestmark = [pytest.mark.django_db, pytest.mark.timeout(300)]
 
@@ -127,7 +127,7 @@ def child(agent: AgentProc, tls: TLSConfig, name: str) -> Any:
 
 def child_log(agent: AgentProc, name: str, needle: str, timeout: float = 10) -> str:
     """The first line of child ``name``'s log (kept by the agent) that contains ``needle``."""
-    deadline = time.monotonic() + timeout
+    deadline = deadline_in(timeout)
     while time.monotonic() < deadline:
         for path in agent.state_dir.rglob(f"{name}.log*"):
             for line in path.read_text(errors="replace").splitlines():

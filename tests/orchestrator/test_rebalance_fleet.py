@@ -52,6 +52,7 @@ from tests.orchestrator.test_tidal_gateway import (
     agent_bed,
 )
 from tests.orchestrator.workflows.topology import pinned_port
+from tests.support import deadline_in
 
 pytestmark = [
     pytest.mark.netns,
@@ -77,7 +78,7 @@ def _scenario() -> dict[str, Any]:
 
 
 def _wait_run(run_id: int) -> WorkflowRun:
-    deadline = time.monotonic() + EVENT_S * 2
+    deadline = deadline_in(EVENT_S * 2)
     while True:
         run = WorkflowRun.objects.get(pk=run_id)
         if run.state not in {"pending", "running"}:

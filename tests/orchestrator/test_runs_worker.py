@@ -11,18 +11,9 @@ from django.test import override_settings
 from console.core import celery_client
 from console.runs import services
 from console.runs.models import WorkflowRun
+from tests.support import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def wait_for(predicate, timeout=60.0, interval=0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(interval)
-    raise AssertionError("condition not met in time")
 
 
 def run_state(run_id: int) -> str:

@@ -49,7 +49,7 @@ from tests.console.factories import (
 from tests.console.schedules.conftest import REMOTE_PRICES, case_study
 from tests.netns import _ip, require_netns
 from tests.orchestrator.workflows.topology import pinned_port
-from tests.support import subprocess_env
+from tests.support import deadline_in, subprocess_env
 
 pytestmark = [pytest.mark.netns, pytest.mark.django_db, pytest.mark.timeout(300)]
 
@@ -83,7 +83,7 @@ def _start(tmp: Path, config: dict[str, Any], prefix: list[str]) -> tuple[Any, i
             [*prefix, sys.executable, "-m", "pdbridge.cli", "agent", "--config", str(path)],
             stdout=out, stderr=subprocess.STDOUT, env=subprocess_env(),
         )  # fmt: skip
-    deadline = time.monotonic() + 60
+    deadline = deadline_in(60)
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"agent exited: {log.read_text()[-3000:]}")

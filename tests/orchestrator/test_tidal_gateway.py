@@ -53,7 +53,7 @@ from tests.console.schedules.conftest import REMOTE_PRICES, case_study
 from tests.netns import _ip, require_netns
 from tests.orchestrator.test_tidal_agents import _start
 from tests.orchestrator.workflows.topology import pinned_port
-from tests.support import subprocess_env
+from tests.support import deadline_in, subprocess_env
 
 pytestmark = [
     pytest.mark.netns,
@@ -251,7 +251,7 @@ class World:
         """The beat's tick at ``hour``:01 and the re-checks of its drain, until done."""
         ids = tidal_apply_due(now=DAY + timedelta(hours=hour, minutes=1))
         assert len(ids) == 1, ids
-        deadline = time.monotonic() + EVENT_S
+        deadline = deadline_in(EVENT_S)
         state = carry_out(ids[0])
         while state == DRAINING:
             assert time.monotonic() < deadline, TidalApplication.objects.get(pk=ids[0]).scale
@@ -376,7 +376,7 @@ class Load:
         self._thread.join(90)
 
     def wait_for(self, count: int) -> None:
-        deadline = time.monotonic() + EVENT_S
+        deadline = deadline_in(EVENT_S)
         while len(self.results) < count:
             assert time.monotonic() < deadline, f"only {len(self.results)} answers"
             time.sleep(0.05)

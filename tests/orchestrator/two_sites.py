@@ -31,7 +31,7 @@ from tests.agents.gateway.harness import serving
 from tests.agents.gateway.netns import RemoteSite, remote_site
 from tests.agents.gateway.snapshots import snapshot
 from tests.agents.gateway.test_engines import SETTINGS
-from tests.support import subprocess_env
+from tests.support import deadline_in, subprocess_env
 
 MODEL = "qwen3-next"
 PREFILL_CHILD = "drill-prefill"
@@ -84,7 +84,7 @@ def _start_agent_in(site: RemoteSite, tmp: Path, config: dict[str, Any]) -> tupl
          "--config", str(path)],
         stdout=log, stderr=subprocess.STDOUT, env=subprocess_env(),
     )  # fmt: skip
-    deadline = time.monotonic() + 60
+    deadline = deadline_in(60)
     while not info.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()

@@ -26,6 +26,7 @@ import pytest
 
 from grpc_kv.api import create_ca, create_node_cert
 from tests.agents.engines.client import free_port
+from tests.support import deadline_in
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = Path(os.environ.get("PDBRIDGE_VLLM_PYTHON", ROOT / ".venv-vllm/bin/python"))
@@ -321,7 +322,7 @@ def start_pair(
         engines[role] = Engine(role, port, tmp / f"{arch}-{role}.log", argv, env)
     for engine in engines.values():
         engine.start()
-    deadline = time.monotonic() + START_TIMEOUT_S
+    deadline = deadline_in(START_TIMEOUT_S)
     try:
         for engine in engines.values():
             engine.wait_ready(deadline)

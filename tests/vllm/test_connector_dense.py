@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from grpc_kv.faultproxy import Bandwidth, FaultProxy, Flip
+from tests.support import deadline_in
 from tests.vllm.conftest import MODELS, Pair, metric_sum, metrics, post, prompt_of, tokens_and_top5
 
 ARCH = "qwen3"
@@ -44,7 +45,7 @@ def _step(url: str) -> None:
 def wait_count(url: str, name: str, above: float, timeout_s: float = 120.0) -> float:
     """The connector counter once it exceeds ``above``: vLLM exports connector stats with the
     engine step that reports the transfer done, then its stats logger, so they lag the answer."""
-    deadline = time.monotonic() + timeout_s
+    deadline = deadline_in(timeout_s)
     while (value := connector_count(url, name)) <= above:
         assert time.monotonic() < deadline, f"{name} stayed at {value} (> {above} expected)"
         time.sleep(0.5)
@@ -53,7 +54,7 @@ def wait_count(url: str, name: str, above: float, timeout_s: float = 120.0) -> f
 
 
 def wait_resent(url: str, above: float, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = deadline_in(timeout_s)
     while connector_count(url, "retransmits") + connector_count(url, "resumes") <= above:
         assert time.monotonic() < deadline, "no chunk was sent again"
         time.sleep(0.5)
@@ -195,7 +196,7 @@ def test_link_cut_mid_transfer_resumes_with_the_same_tokens(
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 120
+    deadline = deadline_in(120)
     while proxy.run(lambda: proxy.proxy.stats.bytes_upstream) < 300_000:
         assert time.monotonic() < deadline, "the transfer never started through the proxy"
         time.sleep(0.05)
@@ -229,7 +230,7 @@ def test_prefill_killed_mid_transfer_frees_decode_within_the_deadline(pair: Pair
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
-        deadline = time.monotonic() + 120
+        deadline = deadline_in(120)
         while proxy.run(lambda: proxy.proxy.stats.bytes_upstream) < 200_000:
             assert time.monotonic() < deadline, "the transfer never started"
             time.sleep(0.05)

@@ -17,7 +17,7 @@ import pytest
 from agents.engines.verify import compare, make_prompt
 from grpc_kv.faultproxy import Bandwidth, FaultProxy, Flip
 from tests.agents.engines.client import decode_leg, post, prefill_leg
-from tests.support import connections_to
+from tests.support import connections_to, deadline_in
 
 
 class ProxyThread:
@@ -140,7 +140,7 @@ def test_prefill_client_gone_mid_transfer_leaves_the_pooled_link_as_it_was(
 
     # The abandoned transfer fails at its deadline (timeout_ms) at the latest, its broken
     # streams are replaced; then the link is back to its own connections and works.
-    deadline = time.monotonic() + 15
+    deadline = deadline_in(15)
     while connections_to(port) > pooled and time.monotonic() < deadline:
         time.sleep(0.2)
     assert 1 <= pooled <= 2

@@ -14,6 +14,7 @@ import pytest
 from agents.engines.verify import make_prompt
 from tests.agents.engines.client import decode_leg, get, metric, post, prefill_leg
 from tests.agents.engines.conftest import serve_expecting_exit
+from tests.support import deadline_in
 
 
 def _sse_events(raw: str) -> list[str]:
@@ -342,7 +343,7 @@ def test_client_disconnect_cancels_work(engine_pair):
         while b"data: " not in received:
             received += sock.recv(4096)
 
-    deadline = time.monotonic() + 30
+    deadline = deadline_in(30)
     while time.monotonic() < deadline:
         _, after = get(f"{prefill.url}/metrics")
         if metric(after, "pdbridge:requests_cancelled_total", model_name="dense") > metric(

@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 
 from tests.agents.engines.conftest import engine_args, serve_expecting_exit, start_engine
+from tests.support import deadline_in
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +132,7 @@ def test_kv_listener_rotation_mid_transfer_keeps_it_and_serves_the_new_certifica
         )
         prefill.start()
         decode.start()
-        deadline = time.monotonic() + 30
+        deadline = deadline_in(30)
         while proxy.proxy.stats.bytes_upstream < kv_bytes / 10:  # KV on the wire
             assert time.monotonic() < deadline, "the transfer never started"
             time.sleep(0.01)

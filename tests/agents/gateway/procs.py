@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -20,10 +19,7 @@ from typing import Any
 import aiohttp
 import yaml
 
-from tests.support import subprocess_env
-
-#: Scales every deadline of these tests (a loaded machine: PDBRIDGE_TEST_TIME_SCALE=3).
-TIME_SCALE = float(os.environ.get("PDBRIDGE_TEST_TIME_SCALE", "1") or 1)
+from tests.support import TIME_SCALE, deadline_in, subprocess_env
 
 
 @dataclass
@@ -144,7 +140,7 @@ async def get_json(url: str) -> tuple[int, Any]:
 
 async def until(url: str, check: Callable[[int, Any], bool], timeout_s: float = 30) -> Any:
     """GET ``url`` until ``check(status, body)`` holds (a generous, scaled deadline)."""
-    deadline = time.monotonic() + timeout_s * TIME_SCALE
+    deadline = deadline_in(timeout_s)
     while True:
         status, body = await get_json(url)
         if check(status, body):

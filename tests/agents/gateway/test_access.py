@@ -38,6 +38,7 @@ from tests.agents.gateway.console_double import ConsoleDouble
 from tests.agents.gateway.engine_double import EngineDouble, KvStore
 from tests.agents.gateway.harness import FAST, LONG, completion, gateway_env
 from tests.agents.gateway.snapshots import snapshot
+from tests.support import deadline_in
 
 KEY_A = "pdbk_alpha-0123456789abcdefghijklmnopqrstuv"  # test keys, not secrets
 KEY_B = "pdbk_bravo-0123456789abcdefghijklmnopqrstuv"
@@ -63,7 +64,7 @@ def bearer(key: str) -> dict[str, str]:
 
 async def until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
     """Wait for ``check()`` to be true, within a generous deadline."""
-    deadline = time.monotonic() + timeout_s
+    deadline = deadline_in(timeout_s)
     while time.monotonic() < deadline:
         if check():
             return

@@ -22,7 +22,7 @@ from tests.agents.engines.conftest import EngineProc, start_engine
 from tests.agents.gateway.harness import FAST, serving
 from tests.agents.gateway.procs import metric
 from tests.agents.gateway.snapshots import snapshot
-from tests.support import subprocess_env
+from tests.support import deadline_in, subprocess_env
 
 pytestmark = pytest.mark.slow
 
@@ -142,7 +142,7 @@ async def _steady_load(client, url, stop: asyncio.Event, results: list, clients:
 
 
 async def _until_remote_after(results: list, since: float, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = deadline_in(timeout_s)
     while time.monotonic() < deadline:
         if any(t > since and p == "remote" for t, _, p in results):
             return

@@ -27,6 +27,7 @@ from tests.agents.gateway.procs import (
     until,
 )
 from tests.agents.gateway.snapshots import snapshot
+from tests.support import deadline_in
 
 pytestmark = pytest.mark.slow
 
@@ -118,7 +119,7 @@ async def _journals_settled(journals: dict[str, Path], east_legs: int) -> dict[s
     """The journals once east's abandoned legs and west's prefill legs are all written (a
     double notes a leg when its handler ends: a leg the gateway abandoned when its connection
     closed, a prefill leg whose decode leg answered first when the gateway stopped reading)."""
-    deadline = time.monotonic() + 30 * TIME_SCALE
+    deadline = deadline_in(30)
     while True:
         docs = {name: _journal(path) for name, path in journals.items()}
         west = sum(leg["leg"] == "prefill" for leg in docs["west"])

@@ -19,7 +19,6 @@ import pytest
 from tests.agents.gateway.engine_double import EngineDouble, KvStore, tokens_for
 from tests.agents.gateway.harness import FAST, LONG, completion, serving, sse_text
 from tests.agents.gateway.procs import (
-    TIME_SCALE,
     Proc,
     get_json,
     load,
@@ -29,6 +28,7 @@ from tests.agents.gateway.procs import (
     until,
 )
 from tests.agents.gateway.snapshots import snapshot
+from tests.support import deadline_in
 
 SHORT = "a short prompt"  # ~4 tokens; the threshold is 100
 
@@ -307,7 +307,7 @@ def _local_pool(health: dict[str, Any]) -> dict[str, Any]:
 async def _legs(journal: Path) -> Counter[str]:
     """The decode double's completed legs by kind, once all 36 are written (a double notes a
     leg as its handler ends, just after the client got the answer)."""
-    deadline = time.monotonic() + 10 * TIME_SCALE
+    deadline = deadline_in(10)
     while True:
         lines = journal.read_text().splitlines() if journal.exists() else []
         legs = Counter(d["leg"] for d in map(json.loads, lines) if d["outcome"] == "completed")

@@ -20,15 +20,15 @@ import pytest
 
 from agents.engines.verify import make_prompt
 from tests.agents.engines.conftest import start_engine
-from tests.agents.gateway.procs import TIME_SCALE, start_gateway
+from tests.agents.gateway.procs import start_gateway
 from tests.agents.gateway.snapshots import snapshot
-from tests.support import subprocess_env
+from tests.support import deadline_in, scaled, subprocess_env
 
 pytestmark = pytest.mark.slow
 
 MODEL = "qwen3-next"
 TOKEN = "debug-" + uuid.uuid4().hex
-DEADLINE_S = 60 * TIME_SCALE
+DEADLINE_S = 60
 
 
 def _engine_args(models_dir: Path, *extra: str) -> list[str]:
@@ -73,7 +73,7 @@ def sites(tmp_path_factory: pytest.TempPathFactory):
 def _wait_for_lines(log: Path, *needles: str) -> list[str]:
     """The log's lines once every needle is in one of them (a generous deadline: lines are
     written when the request ends, not when its answer reached the client)."""
-    deadline = time.monotonic() + DEADLINE_S
+    deadline = deadline_in(DEADLINE_S)
     while True:
         lines = log.read_text(errors="replace").splitlines()
         missing = [n for n in needles if not any(n in line for line in lines)]
@@ -87,7 +87,7 @@ def _wait_for_lines(log: Path, *needles: str) -> list[str]:
 async def _request(url: str, request_id: str) -> tuple[int, dict[str, str], bytes]:
     body = {"model": "tiny", "prompt": make_prompt(200, seed=7), "max_tokens": 6,
             "temperature": 0, "ignore_eos": True, "stream": True}  # fmt: skip
-    timeout = aiohttp.ClientTimeout(total=DEADLINE_S)
+    timeout = aiohttp.ClientTimeout(total=scaled(DEADLINE_S))
     async with (
         aiohttp.ClientSession(timeout=timeout) as session,
         session.post(url + "/v1/completions", json=body, headers={"X-Request-Id": request_id}) as r,
@@ -162,7 +162,7 @@ def test_one_request_id_in_every_log_and_its_trace(sites):
     )
     assert trace["kv"]["bytes"] > 0
     assert trace["kv"]["bytes_wire"] > 0
-    assert total < DEADLINE_S * 1000
+    assert total < scaled(DEADLINE_S) * 1000
     # The list: newest first, this request among them.
     code, listed = asyncio.run(_get(f"{gateway.url}/debug/traces?limit=5", TOKEN))
     assert code == 200

@@ -41,6 +41,7 @@ from grpc_kv.tls import TLSConfig
 from tests.console.factories import LinkFactory, ModelSpecFactory, SiteFactory, make_deployment
 from tests.orchestrator.conftest import _database_url
 from tests.orchestrator.workflows import topology as topo
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -219,16 +220,6 @@ def db_open(world: World, django_db_blocker: Any) -> Iterator[World]:
         yield world
 
 
-def wait_for(predicate: Any, timeout: float = 300.0, interval: float = 0.25, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"not reached in {timeout} s: {what}")
-
-
 def run_of(run_id: int) -> WorkflowRun:
     return WorkflowRun.objects.get(pk=run_id)
 
@@ -340,6 +331,7 @@ def test_deploy_from_nothing_to_full_share_with_evidence_and_a_worker_killed_mid
                 for e in world.agent_events("remote", "agent.child_spawned")
                 if e["child"] == prefill_name
             ],
+            timeout=300,
             what="the remote agent is inside step 3's Launch (engine spawned, not ready)",
         )
         assert steps_of(run.pk)["remote_prefill"].state == "running"
@@ -527,6 +519,7 @@ def test_redis_restarted_mid_canary_and_the_canary_continues(start_worker, db_op
                 )
                 wait_for(
                     lambda: "started_at" in steps_of(run.pk)["share_50"].evidence,
+                    timeout=300,
                     what="the canary holds its first step",
                 )
                 redis.restart()  # every queued re-check is lost with it

@@ -38,7 +38,7 @@ from grpc_kv.api import create_ca, create_node_cert
 from pdbridge import netns
 from pdbridge.testbed_rows import MODELS
 from tests.agents.conftest import AgentProc, free_port, start_agent
-from tests.support import subprocess_env, unavailable
+from tests.support import deadline_in, subprocess_env, unavailable
 
 MODEL = "qwen3-next"
 SERVED = "tiny"
@@ -144,7 +144,7 @@ class Console:
                  "--certfile", str(pki.node_cert), "--keyfile", str(pki.node_key)],
                 env=env, stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
-        deadline = time.monotonic() + 60
+        deadline = deadline_in(60)
         while True:
             try:
                 urllib.request.urlopen(  # noqa: S310 (loopback)
@@ -309,7 +309,7 @@ class RedisServer:
              "--appendonly", "no", "--dir", str(self.tmp)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-        deadline = time.monotonic() + 20
+        deadline = deadline_in(20)
         while True:
             with socket.socket() as sock:
                 if sock.connect_ex(("127.0.0.1", self.port)) == 0:
