@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from orchestrator.workflows.drill_figures import first_remote_after, time_to_detect
 from pdbridge.procgroup import cmdline, descendants, terminate_session
 
 ROLES = [  # (pattern in the command line, role); first match wins
@@ -206,13 +207,14 @@ def soak(
                         "kind": "engine_restart",
                         "target": child,
                         "at_s": round(time.monotonic() - began, 1),
+                        "at_epoch": time.time(),
                     }
                 )
                 _say(f"remote restart: {child} killed, the agent brings it back")
             else:
                 _agent_fault(ready, "link_cut", "local", args.cut_s)
                 faults.append({"kind": "link_cut", "target": "local", "at_s": round(time.monotonic() - began, 1),
-                               "duration_s": args.cut_s})  # fmt: skip
+                               "at_epoch": time.time(), "duration_s": args.cut_s})  # fmt: skip
                 _say(f"link cut for {args.cut_s:.0f} s")
         except Exception as exc:  # any failure to act is a soak failure, reported
             errors.append(f"{action}: {exc}")
@@ -221,6 +223,9 @@ def soak(
     problems = growth(
         samples.get("start", {}), samples.get("end", {}), args.max_growth, args.fd_slack
     )
+    records = _records(records)
+    for fault in faults:
+        fault.update(recovery(records, fault))
     if load.returncode != 0:
         errors.append(f"loadgen exited {load.returncode}")
     if load_summary.get("failed", 1) != 0:
@@ -239,11 +244,45 @@ def soak(
     }
 
 
+def _records(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def recovery(records: list[dict[str, Any]], fault: dict[str, Any]) -> dict[str, Any]:
+    """How the traffic took one fault, from the load generator's records (the drill report's
+    definitions, orchestrator/workflows/drill_figures.py): seconds from injection to the first
+    answer served by the fallback (``detect_s``), from the fault clearing to the first request
+    served remotely again (``recover_s``; a restart clears when the engine serves again, so
+    it counts from the kill), and the requests started in between by path and how many failed."""
+    injected = fault["at_epoch"]
+    cleared = injected + fault.get("duration_s", 0.0)
+    remote_again = first_remote_after(records, cleared)
+    until = remote_again if remote_again is not None else float("inf")
+    between = [r for r in records if injected <= r["start"] < until]
+    by_path: dict[str, int] = {}
+    for r in between:
+        by_path[r["path"] or "none"] = by_path.get(r["path"] or "none", 0) + 1
+    return {
+        "detect_s": time_to_detect(records, injected),
+        "recover_s": None if remote_again is None else round(remote_again - cleared, 3),
+        "until_remote_by_path": by_path,
+        "until_remote_failed": sum(1 for r in between if r["outcome"] != "ok"),
+    }
+
+
 def _print(report: dict[str, Any]) -> None:
     req = report["requests"]
     _say(
         f"requests: {req.get('requests')} by path {req.get('by_path')} by outcome {req.get('by_outcome')}"
     )
+    for fault in report["faults"]:
+        _say(
+            f"{fault['kind']} at {fault['at_s']} s: fallback after {fault.get('detect_s')} s, "
+            f"remote again {fault.get('recover_s')} s after it cleared; requests until then "
+            f"{fault.get('until_remote_by_path')}, {fault.get('until_remote_failed')} failed"
+        )
     start, end = report["processes"].get("start", {}), report["processes"].get("end", {})
     print(
         f"  {'role':16} {'procs':>5} {'RSS MiB start':>14} {'end':>8} {'fds start':>10} {'end':>6}"

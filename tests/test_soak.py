@@ -121,6 +121,20 @@ def test_bad_options_are_refused_naming_the_option(capsys):
     assert "--warmup-s" in capsys.readouterr().err
 
 
+def test_recovery_counts_from_the_fault_clearing_to_the_first_remote_answer():
+    def rec(start: float, path: str, outcome: str = "ok", ttft: float = 0.1) -> dict:
+        return {"start": start, "path": path, "outcome": outcome, "ttft_s": ttft, "total_s": 0.5}
+
+    records = [rec(99.0, "remote"), rec(100.5, "fallback"), rec(104.0, "fallback"),
+               rec(105.0, "remote", "error"), rec(107.5, "remote"), rec(108.0, "remote")]  # fmt: skip
+    cut = soak.recovery(records, {"kind": "link_cut", "at_epoch": 100.0, "duration_s": 5.0})
+    assert cut == {"detect_s": 0.6, "recover_s": 2.5, "until_remote_failed": 1,
+                   "until_remote_by_path": {"fallback": 2, "remote": 1}}  # fmt: skip
+    never = soak.recovery(records[:3], {"kind": "engine_restart", "at_epoch": 100.0})
+    assert never["recover_s"] is None
+    assert never["until_remote_by_path"] == {"fallback": 2}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_short_soak_passes_with_both_faults_and_leaves_nothing_behind(tmp_path):
@@ -141,6 +155,9 @@ def test_short_soak_passes_with_both_faults_and_leaves_nothing_behind(tmp_path):
     assert report["requests"]["failed"] == 0
     assert report["requests"]["by_path"].get("remote", 0) > 0
     assert report["requests"]["by_path"].get("local", 0) > 0
+    cut = report["faults"][1]
+    assert cut["recover_s"] is not None, cut  # remote serving came back after the cut
+    assert cut["until_remote_failed"] == 0
     for sample in ("start", "end"):
         roles = report["processes"][sample]
         assert {"console", "worker", "beat", "agent-local", "agent-remote", "engine-prefill",
