@@ -136,10 +136,19 @@ def inject_fault(ctx: StepContext) -> StepResult:
 
 
 def fault_window(ctx: StepContext) -> StepResult:
+    """The fault's planned length; first, one verification sample sent while the fault is on
+    (for a drill of every prefill site it can only be served by the fallback, the path the
+    drill exists to keep working; the ``verify`` step judges it)."""
+    p = ctx.params
     due = ctx.previous["inject_fault"]["expires_at"]
+    sample = ctx.evidence.get("sample")
+    if sample is None:
+        # Its own prompt (seed): the after-fault sample must not find this one's prefix cached.
+        sample = verification_sample(p, p["verify_prompts"][0], seed=-ctx.run_id)
+        ctx.log(f"sample during the fault: {sample['path'] or 'no path'}, match {sample['match']}")
     if time.time() < due:
-        return Wait(due - time.time())
-    return Done({"ended_at": time.time()})
+        return Wait(due - time.time(), {"sample": sample})
+    return Done({"ended_at": time.time(), "sample": sample})
 
 
 def restore(ctx: StepContext) -> StepResult:
@@ -207,28 +216,33 @@ def collect_load(ctx: StepContext) -> StepResult:
     )
 
 
+def verification_sample(p: dict[str, Any], length: int, seed: int) -> dict[str, Any]:
+    """One prompt of ``length`` through the gateway vs the decode engine alone, greedy, token
+    for token: the row ``verify`` judges (path served, match, divergence)."""
+    body = {
+        "model": p["model"],
+        "prompt": make_prompt(length, seed=seed),
+        "max_tokens": 8,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    status, path, through = drillops.post_json(p["gateway_url"] + "/v1/completions", body)
+    local_status, _, local = drillops.post_json(p["decode_url"] + "/v1/completions", body)
+    if status != 200 or local_status != 200:
+        return {"length": length, "path": path, "match": False,
+                "error": f"gateway {status}, decode {local_status}"}  # fmt: skip
+    match, tokens, digests, divergence = compare(local, through)
+    return {"length": length, "path": path, "match": match, "tokens": tokens,
+            "logits": digests, "divergence": str(divergence) if divergence else None}  # fmt: skip
+
+
 def verify(ctx: StepContext) -> StepResult:
-    """Sample prompts through the gateway vs the decode engine alone, token for token."""
+    """Sample prompts through the gateway vs the decode engine alone, token for token, with
+    the sample taken during the fault."""
     p = ctx.params
-    rows = []
-    for length in p["verify_prompts"]:
-        body = {
-            "model": p["model"],
-            "prompt": make_prompt(length, seed=ctx.run_id),
-            "max_tokens": 8,
-            "temperature": 0,
-            "ignore_eos": True,
-        }
-        status, path, through = drillops.post_json(p["gateway_url"] + "/v1/completions", body)
-        local_status, _, local = drillops.post_json(p["decode_url"] + "/v1/completions", body)
-        if status != 200 or local_status != 200:
-            rows.append({"length": length, "path": path, "match": False,
-                         "error": f"gateway {status}, decode {local_status}"})  # fmt: skip
-            continue
-        match, tokens, digests, divergence = compare(local, through)
-        rows.append({"length": length, "path": path, "match": match, "tokens": tokens,
-                     "logits": digests, "divergence": str(divergence) if divergence else None})  # fmt: skip
-    return Done(verification_verdict(rows))
+    rows = [verification_sample(p, length, seed=ctx.run_id) for length in p["verify_prompts"]]
+    during = ctx.previous["fault_window"].get("sample")
+    return Done(verification_verdict(rows, during, every_site=not p.get("site")))
 
 
 def report(ctx: StepContext) -> StepResult:

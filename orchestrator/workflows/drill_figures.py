@@ -171,10 +171,21 @@ def figures(
     }
 
 
-def verification_verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def verification_verdict(
+    rows: list[dict[str, Any]], during: dict[str, Any] | None = None, *, every_site: bool = True
+) -> dict[str, Any]:
     """The ``verify`` step's evidence: ``ok`` only when every sample matched its local run
     *and* at least one of them was served by the remote path (a drill whose samples all went
-    local has not verified the path it drilled); ``remote_compared`` counts those."""
+    local has not verified the path it drilled); ``remote_compared`` counts those.
+
+    ``during`` is the sample sent while the fault was on: it must match too, and when the
+    drill faulted every prefill site it must have been served by the fallback
+    (``fallback_compared``); with one site faulted another site may serve it instead."""
     remote = sum(1 for r in rows if r.get("path") == "remote" and r.get("match"))
     ok = bool(rows) and all(r.get("match") for r in rows) and remote > 0
-    return {"ok": ok, "remote_compared": remote, "prompts": rows}
+    verdict: dict[str, Any] = {"ok": ok, "remote_compared": remote, "prompts": rows}
+    if during is not None:
+        fell_back = during.get("path") == "fallback" and bool(during.get("match"))
+        during_ok = bool(during.get("match")) and (fell_back or not every_site)
+        verdict.update(ok=ok and during_ok, during=during, fallback_compared=int(fell_back))
+    return verdict

@@ -132,6 +132,25 @@ def test_verification_needs_a_remote_sample_that_matched():
     assert verification_verdict([])["ok"] is False
 
 
+def test_a_drill_of_every_site_needs_its_sample_during_the_fault_served_by_the_fallback():
+    from orchestrator.workflows.drill_figures import verification_verdict
+
+    remote = {"length": 256, "path": "remote", "match": True}
+    fell_back = {"length": 256, "path": "fallback", "match": True}
+
+    verdict = verification_verdict([remote], fell_back)
+    assert (verdict["ok"], verdict["fallback_compared"], verdict["during"]) == (True, 1, fell_back)
+    # Served remote while every site was faulted: the fallback was not exercised.
+    assert verification_verdict([remote], remote)["ok"] is False
+    assert verification_verdict([remote], {**fell_back, "match": False})["ok"] is False
+    # One site of two faulted: the other site may serve it.
+    one_site = verification_verdict([remote], remote, every_site=False)
+    assert (one_site["ok"], one_site["fallback_compared"]) == (True, 0)
+    assert (
+        verification_verdict([remote], {**remote, "match": False}, every_site=False)["ok"] is False
+    )
+
+
 def srec(start, site, failover_from="", path="remote", outcome="ok", ttft=0.1):
     return {**rec(start, path, outcome=outcome, ttft=ttft), "site": site,
             "failover_from": failover_from}  # fmt: skip

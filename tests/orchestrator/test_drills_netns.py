@@ -92,6 +92,12 @@ def check_report(report: DrillReport, run: WorkflowRun) -> dict[str, Any]:
     assert report.time_to_recover_s is not None
     assert report.verification["ok"] is True
     assert [(p["path"], p["match"]) for p in report.verification["prompts"]] == [("remote", True)]
+    # The sample sent while every prefill site was faulted was served by the fallback and
+    # matched the decode engine alone.
+    during = report.verification["during"]
+    assert (during["path"], during["match"], report.verification["fallback_compared"]) == (
+        "fallback", True, 1,
+    )  # fmt: skip
     assert all(r["passed"] for r in report.criteria_results)
     assert report.ttft["during"]["fallback"]["n"] > 0
     assert report.timeline["rows"]
