@@ -1,8 +1,11 @@
 """``pdbridge run`` smoke test on real processes: the testbed comes up, the deploy run's eight
 steps succeed with the canary at 100 %, a request through the gateway is served on the remote
 path with tokens, the printed ``curl`` line works, and SIGTERM leaves no process behind and
-frees the ports. The same with ``--netns`` (root): the sites run in two namespaces, the WAN
-probe sees the tbf-shaped veth, and shutdown removes the namespaces too. With
+frees the ports. Drills run through the console's REST API with the defaults an operator gets:
+a remote restart passes (0 failed requests, remote and fallback samples verified), a drill
+whose only verification sample is below the threshold fails ``require_verification``. The
+same with ``--netns`` (root): the sites run in two namespaces, the WAN probe sees the
+tbf-shaped veth, a link-cut drill passes, and shutdown removes the namespaces too. With
 ``--remote-sites 2``: both prefill sites deployed, each with its own WAN path, and a link-cut
 drill of one site started through the testbed's API fails its traffic over to the other site
 (0 failed requests, no full timeout waited, at most a handful of fallbacks) and traffic returns
@@ -130,6 +133,11 @@ def test_make_run_reaches_full_share_serves_remote_and_shuts_down_clean(tmp_path
         seen["probe"] = probe_evidence(ready, db)
         api = ConsoleApi(ready, (tmp_path / "run.out").read_text())
         seen["trace"] = traced_request(ready, api)
+        # The drills an operator runs from the console, with the testbed's defaults.
+        seen["restart"] = api.drill(ready, "remote_restart")
+        # A sample below the threshold can only go local: the remote path was not verified.
+        seen["local_only"] = api.drill(ready, "link_cut", baseline_s=2, fault_s=3, after_s=1,
+                                       targets={"verify_prompts": [16]})  # fmt: skip
 
     ready, _ = smoke(tmp_path, [], while_up)
 
@@ -146,6 +154,14 @@ def test_make_run_reaches_full_share_serves_remote_and_shuts_down_clean(tmp_path
     assert "dep" in legs["prefill"]["logs"]["command"]
     assert trace["request_id"] in legs["prefill"]["logs"]["command"]
     assert legs["decode"]["logs"]["hostname"]
+    check_drill_passed(seen["restart"])
+    local_only = seen["local_only"]
+    assert local_only["state"] == "failed"
+    rows = {r["criterion"]: r["passed"] for r in local_only["criteria_results"]}
+    assert rows["require_verification"] is False
+    assert local_only["verification"]["remote_compared"] == 0
+    assert {p["path"] for p in local_only["verification"]["prompts"]} == {"local"}
+    assert local_only["failed_requests"] == 0  # the drill itself cost no client request
 
 
 def namespaces() -> set[str]:
@@ -175,6 +191,12 @@ def test_make_run_netns_runs_the_sites_in_namespaces_and_removes_them(tmp_path):
             net_namespace(os.getpid())
         }
         seen["probe"] = probe_evidence(ready, db)
+        # A link cut through the API, cut where the testbed's WAN path is (kernel blackhole
+        # rules in the namespaces). Packets vanish, so the requests in flight wait for the KV
+        # deadline (15 s) before the first falls back and the breaker opens: the fault must
+        # outlast it, or TCP delivers everything once it lifts and the fallback never serves.
+        api = ConsoleApi(ready, (tmp_path / "run.out").read_text())
+        seen["cut"] = api.drill(ready, "link_cut", fault_s=20)
 
     ready, output = smoke(tmp_path, ["--netns", "--wan-mbit", "100"], while_up)
 
@@ -194,6 +216,7 @@ def test_make_run_netns_runs_the_sites_in_namespaces_and_removes_them(tmp_path):
     assert probe["from"] == remote_ip
     assert probe["to"].startswith(f"{remote_ip}:")
     assert 0 < probe["mbit_s"] <= 110
+    check_drill_passed(seen["cut"])
     assert f"removed namespaces {local_ns}, {remote_ns}" in output
     assert not {local_ns, remote_ns} & namespaces()
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)
@@ -227,6 +250,55 @@ class ConsoleApi:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as exc:
             return exc.code, json.loads(exc.read() or b"{}")
+
+    def wait_for_report(self, drill: dict) -> dict:
+        """The report of a drill started by ``POST /api/drills/``, once it is no longer
+        running (as the console's report page polls it)."""
+        report_id = drill["last_report"]["id"]
+        deadline = deadline_in(300)
+        while (report := self.call("GET", f"/api/drill-reports/{report_id}/")[1])["state"] == (
+            "running"
+        ):
+            assert time.monotonic() < deadline, report
+            time.sleep(1)
+        return report
+
+    def drill(self, ready: dict, kind: str, **fields) -> dict:
+        """Create and run a drill of every prefill site with the defaults an operator gets
+        (gateway, decode engine and faults derived from the deployment), short windows and
+        load over the remote threshold; returns its finished report."""
+        status, drill = self.call("POST", "/api/drills/", {
+            "name": f"{kind.replace('_', '-')}-{uuid.uuid4().hex[:6]}",
+            "deployment": ready["deployment_id"], "kind": kind,
+            "baseline_s": 3, "fault_s": 5, "after_s": 2, "recover_timeout_s": 90,
+            "load_profile": DRILL_LOAD, "criteria": {"max_time_to_recover_s": 90}, **fields,
+        })  # fmt: skip
+        assert status == 201, drill
+        return self.wait_for_report(drill)
+
+
+#: A drill's load on the testbed: every prompt over the 64-token remote threshold.
+DRILL_LOAD = {"concurrency": 3, "mix": "1:200:0.3", "min_prompt_tokens": 100,
+              "max_prompt_tokens": 300, "max_tokens": 4}  # fmt: skip
+
+
+def check_drill_passed(report: dict) -> None:
+    """A drill of every prefill site, as its report on the console shows it: passed, no
+    client request failed, requests listed by window and path (remote before and after,
+    fallback during), and verified on both paths: a sample served remote after the fault and
+    one served by the fallback during it, each matching the decode engine alone."""
+    print(f"\n{report['kind']} drill: {report['requests']}, "
+          f"detect {report['time_to_detect_s']} s, recover {report['time_to_recover_s']} s")  # fmt: skip
+    assert report["state"] == "passed", report["criteria_results"]
+    assert report["failed_requests"] == 0
+    requests = report["requests"]
+    assert requests["before"].get("remote/ok", 0) > 0
+    assert requests["during"].get("fallback/ok", 0) > 0
+    assert requests["after"].get("remote/ok", 0) > 0
+    verification = report["verification"]
+    assert [(p["path"], p["match"]) for p in verification["prompts"]] == [("remote", True)]
+    assert (verification["during"]["path"], verification["during"]["match"]) == ("fallback", True)
+    assert all(r["passed"] for r in report["criteria_results"])
 
 
 def test_make_run_two_remote_sites_a_one_site_link_cut_fails_over_to_the_other(tmp_path):
@@ -263,14 +335,7 @@ def test_make_run_two_remote_sites_a_one_site_link_cut_fails_over_to_the_other(t
             "targets": {"verify_prompts": [200]},
         })  # fmt: skip
         assert status == 201, drill
-        report_id = drill["last_report"]["id"]
-        deadline = deadline_in(300)
-        while (report := api.call("GET", f"/api/drill-reports/{report_id}/")[1])["state"] == (
-            "running"
-        ):
-            assert time.monotonic() < deadline, report
-            time.sleep(1)
-        seen["report"] = report
+        seen["report"] = api.wait_for_report(drill)
         bad = api.call("POST", "/api/drills/", {"name": "cut-west", "kind": "link_cut",
                                                 "deployment": ready["deployment_id"],
                                                 "site": "west", "run_now": False})  # fmt: skip
