@@ -35,6 +35,12 @@ from dataclasses import dataclass, field
 log = logging.getLogger("grpc_kv.faultproxy")
 
 READ_SIZE = 64 * 1024
+#: Bytes one direction of a connection may hold between reading and delivering. Without a
+#: latency toxic delivery only waits for the next hop to drain, so more would only pile up
+#: in this process's memory (the agent's, on the KV path) while the sender is pushed back
+#: all the same; with one, enough for the bytes in flight during the delay (256 reads).
+PIPE_BYTES = 1 << 20
+PIPE_BYTES_DELAYED = 256 * READ_SIZE
 DIRECTIONS = ("upstream", "downstream", "both")
 
 
@@ -168,6 +174,47 @@ class ProxyStats:
     resets: int = 0
     bytes_upstream: int = 0
     bytes_downstream: int = 0
+    #: The most bytes any one direction of a connection held at once.
+    buffered_peak: int = 0
+
+
+class _Pipe:
+    """One direction's reads on their way to delivery: a FIFO of ``(due, bytes)`` bounded in
+    bytes, so a slow next hop pushes back on the sender instead of growing the proxy."""
+
+    def __init__(self, stats: ProxyStats) -> None:
+        self._items: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+        self._room = asyncio.Event()
+        self._stats = stats
+        self._delivering = True
+        self.bytes = 0
+
+    async def put(self, item: tuple[float, bytes], limit: int) -> None:
+        """Queue ``item`` once there is room; ConnectionError when delivery has ended (the
+        next hop failed), which ends the reading side too."""
+        while self._delivering and self.bytes and self.bytes + len(item[1]) > limit:
+            self._room.clear()
+            await self._room.wait()
+        if not self._delivering:
+            raise ConnectionError("the next hop is gone")
+        self.bytes += len(item[1])
+        self._stats.buffered_peak = max(self._stats.buffered_peak, self.bytes)
+        self._items.put_nowait(item)
+
+    def close(self) -> None:
+        self._items.put_nowait(None)
+
+    def stop(self) -> None:
+        """Delivery ended: wake and refuse a reader waiting for room."""
+        self._delivering = False
+        self._room.set()
+
+    async def get(self) -> tuple[float, bytes] | None:
+        item = await self._items.get()
+        if item is not None:
+            self.bytes -= len(item[1])
+            self._room.set()
+        return item
 
 
 class _Conn:
@@ -320,12 +367,12 @@ class FaultProxy:
         writer: asyncio.StreamWriter,
         direction: str,
     ) -> None:
-        # Reading and writing are decoupled by a queue so that latency delays bytes
+        # Reading and writing are decoupled by a pipe so that latency delays bytes
         # without limiting throughput.
-        queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue(maxsize=256)
-        sender = asyncio.create_task(self._deliver(conn, queue, writer, direction))
+        pipe = _Pipe(self.stats)
+        sender = asyncio.create_task(self._deliver(conn, pipe, writer, direction))
         try:
-            await self._read_side(conn, reader, writer, direction, queue, sender)
+            await self._read_side(conn, reader, writer, direction, pipe, sender)
         finally:
             if not sender.done():
                 sender.cancel()
@@ -336,7 +383,7 @@ class FaultProxy:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         direction: str,
-        queue: asyncio.Queue[tuple[float, bytes] | None],
+        pipe: _Pipe,
         sender: asyncio.Task[None],
     ) -> None:
         offset = 0
@@ -362,16 +409,17 @@ class FaultProxy:
                     for t in self._active(direction)
                     if isinstance(t, Latency)
                 )
-                await queue.put((time.monotonic() + max(delay, 0) / 1000, bytes(buf)))
+                limit = PIPE_BYTES_DELAYED if delay > 0 else PIPE_BYTES
+                await pipe.put((time.monotonic() + max(delay, 0) / 1000, bytes(buf)), limit)
                 if closing is not None:
-                    await queue.put(None)
+                    pipe.close()
                     await sender
                     self.stats.resets += 1
                     conn.abort(rst=closing.reset)
                     return
         except (OSError, asyncio.IncompleteReadError):
             pass
-        await queue.put(None)
+        pipe.close()
         with contextlib.suppress(Exception):
             await sender
         with contextlib.suppress(Exception):
@@ -383,12 +431,12 @@ class FaultProxy:
     async def _deliver(
         self,
         conn: _Conn,
-        queue: asyncio.Queue[tuple[float, bytes] | None],
+        pipe: _Pipe,
         writer: asyncio.StreamWriter,
         direction: str,
     ) -> None:
         try:
-            while (item := await queue.get()) is not None:
+            while (item := await pipe.get()) is not None:
                 due, data = item
                 wait = due - time.monotonic()
                 if wait > 0:
@@ -421,6 +469,8 @@ class FaultProxy:
                         await asyncio.sleep(slicer.delay_ms / 1000)
         except (OSError, ConnectionError):
             conn.abort(rst=False)
+        finally:
+            pipe.stop()
 
     def _slices(self, data: bytes, direction: str) -> Iterable[bytes]:
         slicer = next((t for t in self._active(direction) if isinstance(t, Slicer)), None)

@@ -7,6 +7,8 @@ and through the remote agent (mTLS, the controller certificate) restarts the pre
 ``--restart-at`` and cuts the WAN for ``--cut-s`` at ``--cut-at`` (fractions of the duration).
 RSS and open file descriptors of every testbed process are sampled after ``--warmup-s`` and at
 the end (a few readings each: the fewest fds, the median RSS), summed per role (console, worker, agent-remote, engine-prefill, ...).
+RSS per role is also sampled every ``--sample-every-s`` (the report's ``rss_series``; printed for
+a role that grew), so a climb can be told from a step at a fault.
 
 Fails (exit 1) when a role's RSS or fds grew by more than ``--max-growth`` (10 %) between the
 two samples, when any client request failed, or when a fault could not be injected. Writes the
@@ -185,7 +187,11 @@ def soak(
         (end_at, "end"),
         (args.restart_at * args.duration_s, "restart"),
         (args.cut_at * args.duration_s, "cut"),
+        *((t, "tick") for t in _ticks(args.sample_every_s, end_at)),
     ])  # fmt: skip
+    # RSS per role over the whole soak: a leak climbs with time, a first use of a code path
+    # (the restart, the cut) is one step; the start/end comparison alone cannot tell them.
+    series: list[dict[str, Any]] = []
     samples: dict[str, Any] = {}
     faults: list[dict[str, Any]] = []
     errors: list[str] = []
@@ -193,7 +199,11 @@ def soak(
     for at, action in plan:
         time.sleep(max(0.0, began + at - time.monotonic()))
         try:
-            if action == "end":
+            if action == "tick":
+                taken = sample(ready["pid"])
+                series.append({"t": round(time.monotonic() - began, 1),
+                               "rss_kib": {r: e["rss_kib"] for r, e in sorted(taken.items())}})  # fmt: skip
+            elif action == "end":
                 samples["end"] = settled_sample(ready["pid"])
             elif action == "start":
                 samples["start"] = settled_sample(ready["pid"])
@@ -236,12 +246,20 @@ def soak(
         "faults": faults,
         "requests": load_summary,
         "processes": samples,
+        "rss_series": series,
         "growth_limit": args.max_growth,
         "fd_slack": args.fd_slack,
         "growth": problems,
         "errors": errors,
         "passed": not problems and not errors,
     }
+
+
+def _ticks(every_s: float, until_s: float) -> list[float]:
+    """The moments of the periodic RSS samples (none when ``every_s`` is 0)."""
+    if every_s <= 0:
+        return []
+    return [every_s * n for n in range(1, int(until_s // every_s) + 1)]
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -291,6 +309,12 @@ def _print(report: dict[str, Any]) -> None:
         a, b = start.get(role, {}), end.get(role, {})
         print(f"  {role:16} {b.get('processes', 0):>5} {a.get('rss_kib', 0) / 1024:>14.1f} "
               f"{b.get('rss_kib', 0) / 1024:>8.1f} {a.get('fds', 0):>10} {b.get('fds', 0):>6}")  # fmt: skip
+    grown = [line.split(":", 1)[0] for line in report["growth"]]
+    for role in grown:
+        points = [
+            f"{p['t']:.0f}s {p['rss_kib'].get(role, 0) / 1024:.1f}" for p in report["rss_series"]
+        ]
+        _say(f"{role} RSS MiB over time: " + ", ".join(points))
     for line in report["growth"] + report["errors"]:
         _say(f"FAIL: {line}")
     _say("passed" if report["passed"] else "failed")
@@ -310,6 +334,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-growth", type=float, default=0.10, help="allowed RSS/fd growth")
     parser.add_argument(
         "--fd-slack", type=int, default=5, help="fd growth per role that never counts as a leak"
+    )
+    parser.add_argument(
+        "--sample-every-s", type=float, default=30.0, help="RSS series interval (0: none)"
     )
     parser.add_argument("--model", default="qwen3-next")
     parser.add_argument("--var-dir", default="var/soak")

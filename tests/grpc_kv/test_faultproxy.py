@@ -5,8 +5,17 @@ import time
 
 import pytest
 
-from grpc_kv.faultproxy import Bandwidth, CloseAfter, FaultProxy, Flip, Latency
+from grpc_kv.faultproxy import (
+    PIPE_BYTES,
+    READ_SIZE,
+    Bandwidth,
+    CloseAfter,
+    FaultProxy,
+    Flip,
+    Latency,
+)
 from tests.grpc_kv.kvtest import run
+from tests.support import TIME_SCALE
 
 
 async def echo_server():
@@ -165,3 +174,50 @@ def test_bad_arguments_name_the_field():
         FaultProxy(upstream="nohost")
     with pytest.raises(ValueError, match="direction"):
         Latency(direction="sideways")
+
+
+def test_a_slow_next_hop_pushes_back_instead_of_piling_data_up_in_the_proxy():
+    """The next hop stops reading: the proxy holds at most ``PIPE_BYTES`` of one direction
+    (the sender waits on TCP), and once it reads again every byte arrives, in order. Before,
+    a connection could pile 16 MiB per direction into the agent's memory (the soak's RSS step)."""
+    payload = bytes(range(256)) * (32 * 1024)  # 8 MiB
+
+    async def body():
+        reading = asyncio.Event()
+        received = bytearray()
+
+        async def sink(reader, writer):
+            await reading.wait()
+            while data := await reader.read(1 << 20):
+                received.extend(data)
+            writer.close()
+
+        server = await asyncio.start_server(sink, "127.0.0.1", 0)
+        proxy = FaultProxy(upstream=f"127.0.0.1:{server.sockets[0].getsockname()[1]}")
+        port = await proxy.start()
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(payload)
+            sending = asyncio.ensure_future(writer.drain())
+            deadline = time.monotonic() + 30 * TIME_SCALE
+            # The backlog builds up to the pipe's bound (the kernel's buffers take the rest).
+            while proxy.stats.buffered_peak < PIPE_BYTES - READ_SIZE:
+                assert time.monotonic() < deadline, proxy.stats
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # were it unbounded, it would keep growing meanwhile
+            peak = proxy.stats.buffered_peak
+            reading.set()
+            await asyncio.wait_for(sending, 30 * TIME_SCALE)
+            writer.write_eof()
+            while len(received) < len(payload):
+                assert time.monotonic() < deadline + 30 * TIME_SCALE, len(received)
+                await asyncio.sleep(0.05)
+            writer.close()
+            return peak, bytes(received)
+        finally:
+            await proxy.stop()
+            server.close()
+
+    peak, received = run(body())
+    assert peak <= PIPE_BYTES
+    assert received == payload
