@@ -191,10 +191,11 @@ def test_make_run_netns_runs_the_sites_in_namespaces_and_removes_them(tmp_path):
             net_namespace(os.getpid())
         }
         seen["probe"] = probe_evidence(ready, db)
-        # A link cut through the API, cut where the testbed's WAN path is (kernel blackhole
-        # rules in the namespaces). Packets vanish, so the requests in flight wait for the KV
-        # deadline (15 s) before the first falls back and the breaker opens: the fault must
-        # outlast it, or TCP delivers everything once it lifts and the fallback never serves.
+        # A link cut through the API, cut where the testbed's WAN path is (the remote agent's
+        # fault proxy, in its namespace). The prefill engines' KV senders retry an unreachable
+        # receiver until the KV deadline (15 s) before the first request falls back and the
+        # breaker opens: the fault must outlast it, or the retries get through once it lifts
+        # and the fallback never serves.
         api = ConsoleApi(ready, (tmp_path / "run.out").read_text())
         seen["cut"] = api.drill(ready, "link_cut", fault_s=20)
 

@@ -43,7 +43,7 @@ class BreakerSettings:
     min_requests: int = 20
     consecutive_failures: int = 5
     ejection_base_s: float = 5.0
-    ejection_cap_s: float = 10.0
+    ejection_cap_s: float = 8.0
     ejection_decay_s: float = 120.0
     half_open_probes: int = 1
     close_after_successes: int = 3

@@ -170,8 +170,9 @@ def test_ejection_count_decays_after_staying_closed(breaker, clock):
 
 
 def test_the_defaults_bring_traffic_back_within_the_cap_yet_remember_a_flapping_target(clock):
-    """Defaults: a long outage is probed every 10 s at most, so traffic returns within 10 s of
-    the fault clearing; closed for less than the 120 s decay, the next trip starts at the cap."""
+    """Defaults: a long outage is probed every 8 s at most, so traffic returns within 10 s of
+    the fault clearing (the trial request's own time included); closed for less than the
+    120 s decay, the next trip starts at the cap."""
     breaker = CircuitBreaker("remote", BreakerSettings(), clock)
     feed(breaker, [False] * 5)
     durations = []
@@ -182,7 +183,7 @@ def test_the_defaults_bring_traffic_back_within_the_cap_yet_remember_a_flapping_
         durations.append(clock.now - start)
         assert breaker.try_acquire()
         breaker.record(False, 0.1)
-    assert durations == [5, 10, 10, 10]
+    assert durations == [5, 8, 8, 8]
     while breaker.state == "open":  # the fault cleared during this ejection
         clock.now += 1
     feed(breaker, [True] * 3)
@@ -193,7 +194,7 @@ def test_the_defaults_bring_traffic_back_within_the_cap_yet_remember_a_flapping_
     start = clock.now
     while breaker.state == "open":
         clock.now += 1
-    assert clock.now - start == 10
+    assert clock.now - start == 8
 
 
 def test_release_frees_probe_slot(breaker, clock):
