@@ -29,11 +29,12 @@ from grpc_kv.bulk import (
     MAX_HEAD,
     PREFIX,
 )
+from grpc_kv.chunks import ChunkRejected, decode_chunk
 from grpc_kv.codec import PB_TO_CODEC, Codec, CorruptChunk, max_payload
 from grpc_kv.metrics import LinkMetrics
 from grpc_kv.options import ReceiverOptions
 from grpc_kv.protocol import PROTOCOL_VERSION, pb
-from grpc_kv.store import ROLE, BeginRefused, ChunkRejected, TransferStore, decode_chunk
+from grpc_kv.store import ROLE, BeginRefused, TransferStore
 from grpc_kv.tls import PeerRejected, TLSConfig
 
 log = logging.getLogger("grpc_kv.bulk")

@@ -24,20 +24,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_kv.alloc import tune_allocator
 from grpc_kv.bulk import split_target
 from grpc_kv.bulk_server import BulkServer
+from grpc_kv.chunks import ChunkRejected, decode_chunk
 from grpc_kv.codec import CorruptChunk
 from grpc_kv.local import LocalServer
 from grpc_kv.manifest import Fingerprint
 from grpc_kv.metrics import LinkMetrics
 from grpc_kv.options import ReceiverOptions, grpc_options
 from grpc_kv.protocol import PACKAGE, pb
-from grpc_kv.store import (
-    ROLE,
-    BeginRefused,
-    ChunkRejected,
-    TransferReader,
-    TransferStore,
-    decode_chunk,
-)
+from grpc_kv.store import ROLE, BeginRefused, TransferReader, TransferStore
 from grpc_kv.tls import PeerRejected, TLSConfig
 from grpc_kv.wire import CHUNK_PAYLOAD_FIELD, FrameError, split_field
 

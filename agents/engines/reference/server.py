@@ -33,14 +33,10 @@ from agents.engines.reference.protocol import (
     BadRequest,
     CompletionRequest,
     TextTracker,
-    chunk_body,
-    completion_id,
     error_body,
-    full_body,
     parse_request,
-    sse,
-    usage,
 )
+from agents.engines.reference.responses import ClientGone, Responses, Session
 from agents.engines.reference.runner import Runner, Sampling
 from agents.engines.reference.streaming import PrefillStreamer
 from agents.engines.reference.transport import (
@@ -72,35 +68,7 @@ class EngineSettings:
     api_key: str | None = field(default=None, repr=False)
 
 
-class _ClientGone(Exception):
-    pass
-
-
-@dataclass
-class _Session:
-    """One request's state between the prefill (or KV import) and the last token."""
-
-    req: CompletionRequest
-    lm: LoadedModel
-    runner: Runner
-    prompt_ids: list[int]
-    t_arrival: float
-    cache: Any = None
-    logits: Any = None
-    path: str = "local"
-    kv_summary: dict[str, Any] | None = None
-    fallback_reason: str | None = None
-    token_ids: list[int] = field(default_factory=list)
-    digests: list[str] = field(default_factory=list)
-    logprobs: list[dict[str, Any]] | None = None
-    timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def chunk_tokens(self) -> int:
-        return self.req.chunked_prefill_tokens or self.runner.chunk_tokens
-
-
-class ReferenceEngine:
+class ReferenceEngine(Responses):
     """Serves loaded models over HTTP. Create, then ``app()``; ``close()`` on shutdown."""
 
     def __init__(
@@ -263,7 +231,7 @@ class ReferenceEngine:
             )
         if req.kv is not None and req.kv.do_remote_decode:
             req.max_tokens = 1  # the prefill leg returns only the first token
-        sess = _Session(req, lm, self.runners[req.model], ids, t_arrival)
+        sess = Session(req, lm, self.runners[req.model], ids, t_arrival)
         labels = {"model_name": req.model}
         self.metrics.waiting.labels(**labels).inc()
         try:
@@ -298,7 +266,7 @@ class ReferenceEngine:
             if req.stream:
                 return await self._stream(request, sess)
             return await self._collect(request, sess)
-        except _ClientGone:
+        except ClientGone:
             self.metrics.cancelled.labels(**labels).inc()
             log.info(
                 "request_cancelled request_id=%s tokens=%d", req.request_id, len(sess.token_ids)
@@ -322,10 +290,10 @@ class ReferenceEngine:
     @staticmethod
     def _check_client(request: web.Request) -> None:
         if request.transport is None or request.transport.is_closing():
-            raise _ClientGone
+            raise ClientGone
 
     async def _local_prefill(
-        self, request: web.Request, sess: _Session, streamer: PrefillStreamer | None
+        self, request: web.Request, sess: Session, streamer: PrefillStreamer | None
     ) -> None:
         runner = sess.runner
         cache = runner.new_cache()
@@ -350,7 +318,7 @@ class ReferenceEngine:
             raise
         sess.cache, sess.logits = cache, logits
 
-    async def _start(self, request: web.Request, sess: _Session) -> None:
+    async def _start(self, request: web.Request, sess: Session) -> None:
         """Fill the cache: local prefill, prefill + stream to a decoder, or import remote KV."""
         kv = sess.req.kv
         labels = {"model_name": sess.req.model}
@@ -426,7 +394,7 @@ class ReferenceEngine:
         self.metrics.prefill_time.labels(**labels).observe(sess.timings["prefill_s"])
         self.metrics.prompt_tokens.labels(**labels).inc(len(sess.prompt_ids))
 
-    async def _import(self, sess: _Session) -> None:
+    async def _import(self, sess: Session) -> None:
         kv = sess.req.kv
         if kv is None or self.receiver is None:
             raise TransferRejected("kv_transfer_params: no transfer to import")
@@ -463,7 +431,7 @@ class ReferenceEngine:
         sess.timings["kv_wait_s"] = received.wait_seconds
         reqlog.kv_imported(sess, kv.transfer_id, received)
 
-    async def _tokens(self, request: web.Request, sess: _Session, tracker: TextTracker) -> Any:
+    async def _tokens(self, request: web.Request, sess: Session, tracker: TextTracker) -> Any:
         """Async generator of (token, digest, text delta); stops at max_tokens, EOS or a stop string."""
         sampling = Sampling(sess.req.temperature, sess.req.top_p, sess.req.seed)
         eos = None if sess.req.ignore_eos else sess.lm.tokenizer.eos_token_id
@@ -506,110 +474,6 @@ class ReferenceEngine:
                 yield token, digest, delta + tracker.flush(), "length"
             else:
                 yield token, digest, delta, None
-
-    def _ext(self, sess: _Session) -> dict[str, Any]:
-        sess.timings["e2e_s"] = time.monotonic() - sess.t_arrival
-        return {
-            "path": sess.path,
-            "fallback_reason": sess.fallback_reason,
-            "chunked_prefill_tokens": sess.chunk_tokens,
-            "timings": {k: round(v, 6) for k, v in sess.timings.items()},
-        }
-
-    def _finish(self, sess: _Session, reason: str) -> None:
-        labels = {"model_name": sess.req.model}
-        self.metrics.e2e.labels(**labels).observe(time.monotonic() - sess.t_arrival)
-        decode_s = time.monotonic() - sess.t_arrival - sess.timings.get("ttft_s", 0.0)
-        self.metrics.decode_time.labels(**labels).observe(max(decode_s, 0.0))
-        self.metrics.success.labels(finished_reason=reason, **labels).inc()
-        reqlog.request_done(sess)
-
-    async def _collect(self, request: web.Request, sess: _Session) -> web.Response:
-        tracker = TextTracker(sess.lm.tokenizer, sess.req.stop)
-        finish = "length"
-        async for _tok, _dig, _delta, reason in self._tokens(request, sess, tracker):
-            finish = reason or finish
-        tracker.flush()
-        self._finish(sess, finish)
-        body = full_body(
-            sess.req,
-            completion_id(sess.req.chat),
-            text=tracker.text,
-            finish=finish,
-            prompt_ids=sess.prompt_ids,
-            token_ids=sess.token_ids,
-            digests=sess.digests,
-            ext=self._ext(sess),
-            kv=sess.kv_summary,
-            logprobs=sess.logprobs,
-        )
-        return web.json_response(
-            body, headers={PATH_HEADER: sess.path, REQUEST_ID_HEADER: sess.req.request_id}
-        )
-
-    async def _stream(self, request: web.Request, sess: _Session) -> web.StreamResponse:
-        resp = web.StreamResponse(
-            headers={
-                "Content-Type": "text/event-stream",
-                "Cache-Control": "no-cache",
-                PATH_HEADER: sess.path,
-                REQUEST_ID_HEADER: sess.req.request_id,
-            }
-        )
-        req = sess.req
-        cid, created = completion_id(req.chat), int(time.time())
-        tracker = TextTracker(sess.lm.tokenizer, req.stop)
-        try:
-            await resp.prepare(request)
-            if req.chat:
-                await resp.write(
-                    sse(
-                        chunk_body(
-                            req,
-                            cid,
-                            created,
-                            text="",
-                            finish=None,
-                            token_ids=[],
-                            digests=[],
-                            role=True,
-                        )
-                    )
-                )
-            finish = "length"
-            async for tok, dig, delta, reason in self._tokens(request, sess, tracker):
-                finish = reason or finish
-                step_lp = sess.logprobs[-1:] if sess.logprobs else None
-                body = chunk_body(
-                    req,
-                    cid,
-                    created,
-                    text=delta,
-                    finish=reason,
-                    token_ids=[tok],
-                    digests=[dig],
-                    logprobs=step_lp,
-                )
-                await resp.write(sse(body))
-            self._finish(sess, finish)
-            if req.include_usage:
-                tail = {
-                    "id": cid,
-                    "object": "chat.completion.chunk" if req.chat else "text_completion",
-                    "created": created,
-                    "model": req.model,
-                    "choices": [],
-                    "usage": usage(len(sess.prompt_ids), len(sess.token_ids)),
-                    "prompt_token_ids": sess.prompt_ids,
-                    "kv_transfer_params": sess.kv_summary,
-                    "pdbridge": self._ext(sess),
-                }
-                await resp.write(sse(tail))
-            await resp.write(sse("[DONE]"))
-            await resp.write_eof()
-        except (ConnectionResetError, ConnectionError) as exc:
-            raise _ClientGone from exc
-        return resp
 
 
 def _step_info(
