@@ -233,9 +233,9 @@ def soak(
     problems = growth(
         samples.get("start", {}), samples.get("end", {}), args.max_growth, args.fd_slack
     )
-    records = _records(records)
+    answered = _records(records)
     for fault in faults:
-        fault.update(recovery(records, fault))
+        fault.update(recovery(answered, fault))
     if load.returncode != 0:
         errors.append(f"loadgen exited {load.returncode}")
     if load_summary.get("failed", 1) != 0:
