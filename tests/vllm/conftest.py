@@ -235,6 +235,18 @@ def tokens_and_top5(answer: dict[str, Any]) -> tuple[list[str], list[Any]]:
     return lp["tokens"], lp["top_logprobs"]
 
 
+def logprob_drift(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """The largest |logprob difference| between two answers' top-5 entries for the tokens
+    both list at a step (inf when their generated tokens differ)."""
+    (tokens_a, top_a), (tokens_b, top_b) = tokens_and_top5(a), tokens_and_top5(b)
+    if tokens_a != tokens_b:
+        return float("inf")
+    return max(
+        (abs(x[t] - y[t]) for x, y in zip(top_a, top_b, strict=True) for t in x.keys() & y.keys()),
+        default=0.0,
+    )
+
+
 def _build_models() -> None:
     subprocess.run(
         [str(VLLM_PYTHON), "-m", "pdbridge_vllm.models", str(MODELS)],

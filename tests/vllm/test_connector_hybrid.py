@@ -8,11 +8,20 @@ slot is caught as a mismatch."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.vllm.conftest import Pair, metric_sum, metrics, prompt_of, start_pair, tokens_and_top5
+from tests.vllm.conftest import (
+    Pair,
+    logprob_drift,
+    metric_sum,
+    metrics,
+    prompt_of,
+    start_pair,
+    tokens_and_top5,
+)
 
 # Gemma-3's CPU block is 128 tokens. Qwen3-Next's full-attention block is 384, and it prefills
 # N-1 tokens remotely (decode computes the last on top of h(N-1)). Its recurrent state is bf16
@@ -21,6 +30,13 @@ from tests.vllm.conftest import Pair, metric_sum, metrics, prompt_of, start_pair
 # the prompts are k * 192 + 1 tokens (the local run then splits as 192 ... 192 | 1, as the
 # remote path does). 193 and 577 tokens put N-1 off the 384-token block, 385 on it. With other
 # lengths the first tokens agree and bf16-level drift follows (docs/vllm.md, "Limits").
+# Gemma-3 (fp32) is bit-exact at every length on AVX2 hosts; on AVX-512 hosts vLLM's CPU
+# kernels round a partial block's step differently: the same tokens, top-5 logprobs up to 0.015
+# apart at 301 tokens (measured), so off a block boundary it gets GEMMA_OFF_BLOCK_DRIFT.
+# A zeroed layer or state slot changes the tokens themselves.
+BLOCK = {"gemma3": 128}
+GEMMA_OFF_BLOCK_DRIFT = 0.05
+AVX512 = "avx512f" in Path("/proc/cpuinfo").read_text().split()
 CASES: dict[str, dict[str, Any]] = {
     "gemma3": {"lengths": [256, 301, 700], "mutation": "zero_layer", "args": ()},
     "qwen3-next": {
@@ -67,7 +83,13 @@ def test_hybrid_remote_prefill_equals_local_and_a_mutation_is_caught(
         remote, prefill, _ = pair.remote(prompt)
         assert prefill is not None
         assert prefill[0] == 200, prefill
-        assert tokens_and_top5(remote) == tokens_and_top5(local), (arch, n)
+        if AVX512 and arch in BLOCK and n % BLOCK[arch]:
+            assert logprob_drift(remote, local) <= GEMMA_OFF_BLOCK_DRIFT, (
+                arch, n, logprob_drift(remote, local), tokens_and_top5(remote),
+                tokens_and_top5(local),
+            )  # fmt: skip
+        else:
+            assert tokens_and_top5(remote) == tokens_and_top5(local), (arch, n)
         loaded = _external(pair) - before
         expected = n - 1 if arch == "qwen3-next" else n
         assert loaded == expected, (arch, n, loaded)
@@ -75,3 +97,7 @@ def test_hybrid_remote_prefill_equals_local_and_a_mutation_is_caught(
     local = pair.local(prompt)
     damaged, _, _ = pair.remote(prompt, fault=CASES[arch]["mutation"])
     assert tokens_and_top5(damaged) != tokens_and_top5(local), arch
+    assert logprob_drift(damaged, local) > GEMMA_OFF_BLOCK_DRIFT, (
+        arch,
+        logprob_drift(damaged, local),
+    )
