@@ -226,8 +226,11 @@ def verification_sample(p: dict[str, Any], length: int, seed: int) -> dict[str, 
         "temperature": 0,
         "ignore_eos": True,
     }
-    status, path, through = drillops.post_json(p["gateway_url"] + "/v1/completions", body)
-    local_status, _, local = drillops.post_json(p["decode_url"] + "/v1/completions", body)
+    try:
+        status, path, through = drillops.post_json(p["gateway_url"] + "/v1/completions", body)
+        local_status, _, local = drillops.post_json(p["decode_url"] + "/v1/completions", body)
+    except OSError as exc:  # unreachable or timed out: a failed sample, not a failed step
+        return {"length": length, "path": "", "match": False, "error": str(exc)}
     if status != 200 or local_status != 200:
         return {"length": length, "path": path, "match": False,
                 "error": f"gateway {status}, decode {local_status}"}  # fmt: skip

@@ -216,3 +216,19 @@ def test_no_other_site_serving_during_the_fault_fails_require_failover():
     rows = evaluate({"require_failover": True}, data)
 
     assert [r["criterion"] for r in rows if not r["passed"]] == ["require_failover"]
+
+
+def test_an_unreachable_gateway_is_a_failed_sample_not_a_failed_step():
+    import socket
+
+    from orchestrator.workflows.drill import verification_sample
+    from orchestrator.workflows.drill_figures import verification_verdict
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
+    row = verification_sample({"model": "tiny", "gateway_url": url, "decode_url": url}, 64, 1)
+
+    assert (row["path"], row["match"]) == ("", False)
+    assert "Connection refused" in row["error"]
+    assert verification_verdict([row])["ok"] is False
