@@ -134,11 +134,4 @@ class GatewayAdapter(ChildAdapter):
             argv += ["--tls-cert", tls.cert, "--tls-key", tls.key, "--ca-file", tls.ca]
             argv += ["--client-cert", tls.cert, "--client-key", tls.key]
         scheme = "http" if self.config.insecure else "https"
-        base = f"{scheme}://{health_host(host)}:{port}"
-        return LaunchPlan(
-            argv=argv,
-            port=port,
-            health_url=f"{base}/health",
-            metrics_url=f"{base}/metrics",
-            env=env,
-        )
+        return LaunchPlan.served(argv, port, f"{scheme}://{health_host(host)}:{port}", env)

@@ -66,6 +66,17 @@ class LaunchPlan:
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
 
+    @classmethod
+    def served(cls, argv: list[str], port: int, base: str, env: dict[str, str]) -> LaunchPlan:
+        """A child that answers ``/health`` and ``/metrics`` under ``base`` (scheme://host:port)."""
+        return cls(
+            argv=argv,
+            port=port,
+            health_url=f"{base}/health",
+            metrics_url=f"{base}/metrics",
+            env=env,
+        )
+
 
 class ChildAdapter(abc.ABC):
     """Builds the launch plan of one engine or component.
@@ -170,14 +181,7 @@ class EngineRegistryAdapter(ChildAdapter):
             raise LaunchError("settings", str(exc)) from None
         if snapshot_path:
             env["PDBRIDGE_CONFIG_SNAPSHOT"] = snapshot_path
-        base = f"http://{health_host(engine_spec.host)}:{port}"
-        return LaunchPlan(
-            argv=argv,
-            port=port,
-            health_url=f"{base}/health",
-            metrics_url=f"{base}/metrics",
-            env=env,
-        )
+        return LaunchPlan.served(argv, port, f"http://{health_host(engine_spec.host)}:{port}", env)
 
 
 # Built-in adapters by name (engine name for engine kinds, the kind for kv-link / gateway):

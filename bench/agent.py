@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from agents.proto.api import pb
-from tests.agents.conftest import agent_config, command_pids, free_port, start_agent, stub, wait_for
+from bench import write_json
+from tests.agents.conftest import agent_config, command_pids, free_port, start_agent, stub
+from tests.support import wait_for
 from tests.agents.pki import make_pki
 from tests.support import subprocess_env
 
@@ -174,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         secure.terminate()
         plain.terminate()
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=2))
+    write_json(OUT, result)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
+
 OUTPUT = Path("var/bench/console.json")
 
 
@@ -179,8 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             "full_over_poll_node": round(full / results["config_poll_304_node"]["median_ms"], 2),
         },
     }
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(json.dumps(report, indent=2))
+    write_json(OUTPUT, report)
     for name, row in results.items():
         print(f"{name:24s} {row['median_ms']:8.3f} ms  {row['per_s']:8.1f}/s")
     print(f"database {database}; config body {body_bytes} bytes; full / 304: {report['ratios']}")

@@ -31,6 +31,7 @@ import torch
 from agents.engines.reference import kvstate, zoo
 from agents.engines.reference.runner import Runner, set_threads
 from agents.engines.verify import make_prompt
+from bench import write_json
 
 OUT = Path("var/bench/engines.json")
 
@@ -400,8 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             link,
         )
     )
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(OUT, result)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc_kv.faultproxy as faultproxy
+from bench import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "var" / "bench" / "faultproxy.json"
@@ -85,8 +86,7 @@ def main() -> None:
         }
         shipped, before = (result[next_hop][k]["mib_per_s_median"] for k in BOUNDS)
         result[next_hop]["throughput_ratio"] = round(shipped / before, 3)
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(result, indent=2))
+    write_json(OUT, result)
     print(json.dumps(result, indent=2))
 
 

@@ -43,6 +43,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from bench import write_json
 from bench.gateway_procs import (
     MODEL,
     ROOT,
@@ -496,8 +497,7 @@ def main(argv: list[str] | None = None) -> int:
             else "not pinned"
         )
     )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(f"written {args.out}")
     return 0
 

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
 from bench.gateway import _snapshot, paced
 from bench.gateway_procs import ROOT, _cpu_s, _pin, _run, _spawn, placement
 
@@ -195,8 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for row in prof["top_own_time"]:
         print(f"  {row['share']:6.1%}  {row['calls']:>8}  {row['function']}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(f"written {args.out}")
     return 0
 

@@ -48,6 +48,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
 from bench.kv_baselines import (
     cpu_of,
     cpu_self,
@@ -500,8 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         if "memory" not in args.skip:
             concurrent_memory(results)
     results["verdicts"] = verdicts(results)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2))
+    write_json(args.out, results)
     print(json.dumps(results, indent=2))
     print("\n".join(summary(results)))
     print(f"written to {args.out}")

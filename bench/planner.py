@@ -18,7 +18,6 @@ CPU timing on a shared machine is noisy: read the ratios and the order of magnit
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import statistics
@@ -29,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
 from console.planner.inputs import parse_scenario
 from console.planner.model import Scenario, evaluate, optimise
 from console.planner.presets import PRESETS, preset_scenario
@@ -155,8 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=OUTPUT)
     args = parser.parse_args(argv)
     results = run(args.repeats)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.output, results)
     model = results["case_study"]["model"]
     print(
         "case study: t={:.0f} split={}/{} lambda={:.3f} req/s homogeneous={:.3f} naive={:.3f} "

@@ -17,13 +17,13 @@ noisy: read the ratios and the order of magnitude.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
 from bench.planner import timed
 from console.planner.inputs import parse_scenario
 from console.planner.presets import preset_scenario
@@ -83,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             "cost_per_million_tokens": {k: v["cost_per_million_tokens"] for k, v in totals.items()},
         },
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2))
+    write_json(args.output, result)
     cpm = result["case_study"]["cost_per_million_tokens"]
     for name, t in timings.items():
         print(f"day_plan {name}: median {t['median_s'] * 1000:.1f} ms")

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import write_json
 from grpc_kv.faultproxy import Bandwidth, FaultProxy, Latency
 from tests.vllm.conftest import Pair, metric_sum, metrics, post, prompt_of, start_pair
 
@@ -195,8 +196,7 @@ def main() -> None:
             link.close()
             pair.producer.stop()
             pair.consumer.stop()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
+    write_json(args.out, result)
     print(json.dumps(result["leaks"]))
     print(f"wrote {args.out}")
 

@@ -157,6 +157,26 @@ def _append_log(step: StepRun, lines: list[str]) -> None:
         step.log_excerpt = ("\n".join([step.log_excerpt, *lines]).strip())[-8000:]
 
 
+def _record(
+    step_id: int,
+    worker: str,
+    evidence: dict[str, Any],
+    log: list[str] | None,
+    fields: dict[str, Any],
+) -> StepRun | None:
+    """Store what a worker reports of the step it holds: ``fields``, its evidence and log
+    lines; it no longer holds a heartbeat. None when it no longer holds the step."""
+    step = _held_step(step_id, worker)
+    if step is None:
+        return None
+    for name, value in fields.items():
+        setattr(step, name, value)
+    step.evidence, step.heartbeat_at = evidence, None
+    _append_log(step, log or [])
+    step.save()
+    return step
+
+
 @transaction.atomic
 def step_succeed(
     *,
@@ -167,14 +187,10 @@ def step_succeed(
     now: datetime | None = None,
 ) -> bool:
     """Record a step's success and queue the next advance."""
-    step = _held_step(step_id, worker)
+    fields = {"state": StepState.SUCCEEDED, "error": "", "finished_at": _now(now)}
+    step = _record(step_id, worker, evidence, log, fields)
     if step is None:
         return False
-    now = _now(now)
-    step.state, step.evidence, step.error, step.finished_at = StepState.SUCCEEDED, evidence, "", now
-    step.heartbeat_at = None
-    _append_log(step, log or [])
-    step.save()
     send_task_on_commit(ADVANCE_TASK, args=[step.run_id])
     return True
 
@@ -190,16 +206,11 @@ def step_wait(
     now: datetime | None = None,
 ) -> bool:
     """Park a step until a re-check ``seconds`` from now (no worker sleeps meanwhile)."""
-    step = _held_step(step_id, worker)
+    step = _record(
+        step_id, worker, evidence, log, {"wake_at": _now(now) + timedelta(seconds=seconds)}
+    )
     if step is None:
         return False
-    step.wake_at, step.heartbeat_at, step.evidence = (
-        _now(now) + timedelta(seconds=seconds),
-        None,
-        evidence,
-    )
-    _append_log(step, log or [])
-    step.save()
     send_task_on_commit(ADVANCE_TASK, args=[step.run_id], countdown=seconds)
     return True
 
@@ -217,19 +228,11 @@ def step_fail(
 ) -> bool:
     """Record a failed step and stop the run: ``failed`` (retryable from this step), or
     ``rolled_back`` when the workflow undid its change."""
-    step = _held_step(step_id, worker)
+    now = _now(now)
+    fields = {"state": StepState.FAILED, "error": error[:4000], "finished_at": now}
+    step = _record(step_id, worker, evidence, log, fields)
     if step is None:
         return False
-    now = _now(now)
-    step.state, step.error, step.evidence, step.finished_at, step.heartbeat_at = (
-        StepState.FAILED,
-        error[:4000],
-        evidence,
-        now,
-        None,
-    )
-    _append_log(step, log or [])
-    step.save()
     _finish_run(
         step.run,
         RunState.ROLLED_BACK if rolled_back else RunState.FAILED,

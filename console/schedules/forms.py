@@ -20,6 +20,19 @@ from console.schedules.models import SitePriceTable, TidalSchedule
 START_PRESET = "prfaas-case-study"
 
 
+#: The schedule's plain settings, in the form's order (the deployment is set once, at creation).
+SETTINGS = (
+    "remote_site",
+    "local_site",
+    "timezone",
+    "ttft_limit_ms",
+    "gpus_per_instance",
+    "rtt_ms",
+    "enabled",
+    "rebalance_auto_apply",
+)
+
+
 class _Hourly(forms.Field):
     """Carries the messages about a 24-hour grid (the grid's inputs are ``<name>_<hour>``)."""
 
@@ -86,20 +99,7 @@ class TidalScheduleForm(forms.Form):
 
     def service_fields(self) -> dict[str, Any]:
         data = self.cleaned_data
-        fields = {
-            name: data[name]
-            for name in (
-                "remote_site",
-                "local_site",
-                "timezone",
-                "ttft_limit_ms",
-                "gpus_per_instance",
-                "rtt_ms",
-                "enabled",
-                "rebalance_auto_apply",
-                "scenario",
-            )
-        }
+        fields = {name: data[name] for name in (*SETTINGS, "scenario")}
         fields["capacity"] = hourly_values(self.data, "capacity", integer=True)
         fields["demand_rps"] = (
             []
@@ -118,20 +118,7 @@ class TidalScheduleForm(forms.Form):
         return hour_cells(self, "demand_rps", self.schedule.demand_rps if self.schedule else [])
 
     def setting_fields(self) -> list[forms.BoundField]:
-        return [
-            self[n]
-            for n in (
-                "deployment",
-                "remote_site",
-                "local_site",
-                "timezone",
-                "ttft_limit_ms",
-                "gpus_per_instance",
-                "rtt_ms",
-                "enabled",
-                "rebalance_auto_apply",
-            )
-        ]
+        return [self[n] for n in ("deployment", *SETTINGS)]
 
 
 class PriceTableForm(forms.Form):

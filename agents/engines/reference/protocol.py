@@ -333,28 +333,41 @@ def chunk_body(
     logprobs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """One SSE chunk, vLLM/OpenAI shape, with ``token_ids`` and ``logits_digests`` extensions."""
-    choice: dict[str, Any] = {
-        "index": 0,
-        "logprobs": format_logprobs(logprobs, req.chat),
-        "finish_reason": finish,
-    }
     if req.chat:
         delta: dict[str, Any] = {}
         if role:
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
-        choice["delta"] = delta
+        content: dict[str, Any] = {"delta": delta}
     else:
-        choice["text"] = text or ""
-    choice["token_ids"] = token_ids
-    choice["logits_digests"] = digests
+        content = {"text": text or ""}
     return {
         "id": cid,
         "object": "chat.completion.chunk" if req.chat else "text_completion",
         "created": created,
         "model": req.model,
-        "choices": [choice],
+        "choices": [_choice(req, finish, logprobs, content, token_ids, digests)],
+    }
+
+
+def _choice(
+    req: CompletionRequest,
+    finish: str | None,
+    logprobs: list[dict[str, Any]] | None,
+    content: dict[str, Any],
+    token_ids: list[int],
+    digests: list[str],
+) -> dict[str, Any]:
+    """A response's one choice: ``content`` (text, message or delta) between OpenAI's fields
+    and the extensions verification reads."""
+    return {
+        "index": 0,
+        "logprobs": format_logprobs(logprobs, req.chat),
+        "finish_reason": finish,
+        **content,
+        "token_ids": token_ids,
+        "logits_digests": digests,
     }
 
 
@@ -380,17 +393,8 @@ def full_body(
     logprobs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A non-streaming response with the extension fields verification reads."""
-    choice: dict[str, Any] = {
-        "index": 0,
-        "logprobs": format_logprobs(logprobs, req.chat),
-        "finish_reason": finish,
-    }
-    if req.chat:
-        choice["message"] = {"role": "assistant", "content": text}
-    else:
-        choice["text"] = text
-    choice["token_ids"] = token_ids
-    choice["logits_digests"] = digests
+    content = {"message": {"role": "assistant", "content": text}} if req.chat else {"text": text}
+    choice = _choice(req, finish, logprobs, content, token_ids, digests)
     return {
         "id": cid,
         "object": "chat.completion" if req.chat else "text_completion",
