@@ -33,9 +33,8 @@ from typing import Any
 from agents.proto.api import pb
 from bench import write_json
 from tests.agents.conftest import agent_config, command_pids, free_port, start_agent, stub
-from tests.support import wait_for
 from tests.agents.pki import make_pki
-from tests.support import subprocess_env
+from tests.support import subprocess_env, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "var" / "bench" / "agent.json"
