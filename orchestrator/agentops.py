@@ -29,6 +29,8 @@ from typing import Any, TypeVar
 from django.conf import settings
 
 from agents.client import AgentClient
+from console.core.controller import ControllerTlsMissing
+from console.core.controller import controller_tls as console_controller_tls
 from grpc_kv.tls import TLSConfig
 from orchestrator.steps import StepContext
 
@@ -66,27 +68,10 @@ class AgentOpsError(ValueError):
 
 def controller_tls(server_name: str | None = None) -> TLSConfig:
     """The orchestrator's TLS identity towards agents (settings ``PDBRIDGE_CONTROLLER_*``)."""
-    if settings.PDBRIDGE_CONTROLLER_INSECURE:
-        return TLSConfig(insecure=True)
-    missing = [
-        name
-        for name in (
-            "PDBRIDGE_CONTROLLER_TLS_CA",
-            "PDBRIDGE_CONTROLLER_TLS_CERT",
-            "PDBRIDGE_CONTROLLER_TLS_KEY",
-        )
-        if not getattr(settings, name)
-    ]
-    if missing:
-        raise AgentOpsError(
-            f"{missing[0]}: required to call agents (or PDBRIDGE_CONTROLLER_INSECURE)"
-        )
-    return TLSConfig(
-        ca_file=settings.PDBRIDGE_CONTROLLER_TLS_CA,
-        cert_file=settings.PDBRIDGE_CONTROLLER_TLS_CERT,
-        key_file=settings.PDBRIDGE_CONTROLLER_TLS_KEY,
-        server_name=server_name,
-    )
+    try:
+        return console_controller_tls(server_name)
+    except ControllerTlsMissing as exc:
+        raise AgentOpsError(str(exc)) from None
 
 
 def http_ssl_context(server_name_check: bool = True) -> ssl.SSLContext | None:

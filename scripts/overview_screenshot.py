@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import html
 import json
 import os
 import re
@@ -79,17 +80,19 @@ PAGES = [
 
 
 def _pages(page: object, base: str) -> list[tuple[str, str]]:
-    """``PAGES`` plus the first link's page and the newest remote trace's (its legs across both
-    sites), found on their lists."""
+    """``PAGES`` plus the first link's page, the newest remote trace's (its legs across both
+    sites) and the first log that trace links to (its request's lines, read through the
+    agent), each found on the page before it."""
     found = list(PAGES)
     for listing, pattern, name in (
         ("/links/", r'href="(/links/\d+/)"', "link.png"),
         ("/traces/?path=remote", r'href="(/traces/\d+/)"', "trace.png"),
+        (None, r'class="log-link" href="(/nodes/\d+/logs/[^"]+)"', "node-log.png"),
     ):
-        page.goto(f"{base}{listing}")  # type: ignore[attr-defined]
+        page.goto(f"{base}{listing or found[-1][0]}")  # type: ignore[attr-defined]
         match = re.search(pattern, page.content())  # type: ignore[attr-defined]
         if match:
-            found.append((match.group(1), name))
+            found.append((html.unescape(match.group(1)), name))
     return found
 
 

@@ -126,6 +126,19 @@ def traced_request(ready: dict, api: ConsoleApi) -> dict:
     return trace
 
 
+def leg_log_lines(api: ConsoleApi, trace: dict) -> dict[str, list[str]]:
+    """Each leg's lines of the request, read as an operator follows the trace's log links:
+    through the console, which reads them through each node's agent (``log_pages`` are the
+    pages; the API serves the same read under /api)."""
+    lines: dict[str, list[str]] = {}
+    for leg in trace["timeline"]:
+        for page in (leg.get("logs") or {}).get("log_pages", {}).values():
+            status, body = api.call("GET", "/api" + page)
+            assert status == 200, (page, body)
+            lines.setdefault(leg["leg"], []).extend(body["lines"])
+    return lines
+
+
 def test_make_run_reaches_full_share_serves_remote_and_shuts_down_clean(tmp_path):
     seen: dict[str, dict] = {}
 
@@ -133,6 +146,7 @@ def test_make_run_reaches_full_share_serves_remote_and_shuts_down_clean(tmp_path
         seen["probe"] = probe_evidence(ready, db)
         api = ConsoleApi(ready, (tmp_path / "run.out").read_text())
         seen["trace"] = traced_request(ready, api)
+        seen["leg_logs"] = leg_log_lines(api, seen["trace"])
         # The drills an operator runs from the console, with the testbed's defaults.
         seen["restart"] = api.drill(ready, "remote_restart")
         # A sample below the threshold can only go local: the remote path was not verified.
@@ -154,6 +168,11 @@ def test_make_run_reaches_full_share_serves_remote_and_shuts_down_clean(tmp_path
     assert "dep" in legs["prefill"]["logs"]["command"]
     assert trace["request_id"] in legs["prefill"]["logs"]["command"]
     assert legs["decode"]["logs"]["hostname"]
+    # The log links of the trace open each site's lines of this request, read through its agent.
+    leg_logs = seen["leg_logs"]
+    assert any("kv_sent" in line for line in leg_logs["prefill"]), leg_logs
+    assert any("kv_imported" in line for line in leg_logs["decode"]), leg_logs
+    assert all(trace["request_id"] in line for leg in leg_logs.values() for line in leg)
     check_drill_passed(seen["restart"])
     local_only = seen["local_only"]
     assert local_only["state"] == "failed"

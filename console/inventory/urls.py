@@ -7,6 +7,7 @@ urlpatterns = [
     path("sites/<int:pk>/", views.site_detail, name="site-page"),
     path("nodes/", views.node_list, name="nodes-page"),
     path("nodes/<int:pk>/", views.node_detail, name="node-page"),
+    path("nodes/<int:pk>/logs/<str:child>/", views.node_log, name="node-log-page"),
     path("links/", views.link_list, name="links-page"),
     path("links/<int:pk>/", views.link_detail, name="link-page"),
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
@@ -13,8 +14,12 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.core.charts import time_chart
+from console.core.choices import Role
 from console.core.pages import page_view, paginate
+from console.core.roles import user_has_role
 from console.deployments.models import ConfigSnapshot
+from console.inventory import agentlogs
+from console.inventory.api.serializers import LogQuerySerializer
 from console.inventory.choices import NodeStatus
 from console.inventory.models import Link, Node, Site
 from console.telemetry import names
@@ -158,7 +163,14 @@ def node_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(
         request,
         "inventory/node_detail.html",
-        {"node": node, "charts": charts, "pools": pools, "beats": beats},
+        {
+            "node": node,
+            "charts": charts,
+            "pools": pools,
+            "beats": beats,
+            "can_read_logs": user_has_role(request.user, Role.OPERATOR),
+            "children": agentlogs.process_names(node.reported_children),
+        },
     )
 
 
@@ -221,3 +233,46 @@ def config_events(link: Link, since: datetime) -> list[tuple[datetime, str]]:
         .order_by("-created_at")[:MAX_EVENTS]
     )
     return [(s.created_at, f"{s.deployment.name} v{s.version}") for s in reversed(snapshots)]
+
+
+@page_view
+@require_GET
+def node_log(request: HttpRequest, pk: int, child: str) -> HttpResponse:
+    """One supervised process's log, read through the node's agent: the last ``size`` bytes
+    (before ``before``), the lines containing ``q`` when given. Operators only: a log can
+    hold what a trace does not (addresses, error texts)."""
+    if not user_has_role(request.user, Role.OPERATOR):
+        raise PermissionDenied("Reading a node's logs needs the operator role.")
+    node = get_object_or_404(Node.objects.select_related("site"), pk=pk)
+    query = LogQuerySerializer(data=request.GET)
+    valid = query.is_valid()
+    params = query.validated_data if valid else {}
+    context = {
+        "node": node,
+        "child": child,
+        "search": params.get("q", request.GET.get("q", "")),
+        "size": params.get("size", agentlogs.DEFAULT_SIZE),
+        "sizes": list(agentlogs.SIZES),
+        "children": agentlogs.process_names(node.reported_children),
+        "error": "",
+    }
+    if not agentlogs.CHILD_NAME.match(child):
+        context["error"] = "child: not a process name (letters, digits, '.', '_', '-')"
+    elif not valid:
+        field, messages = next(iter(query.errors.items()))
+        context["error"] = f"{field}: {messages[0]}"
+    if context["error"]:
+        return render(request, "inventory/node_log.html", context, status=400)
+    try:
+        context["log"] = agentlogs.read_log(
+            address=node.agent_address,
+            hostname=node.hostname,
+            child=child,
+            size=agentlogs.SIZES[params["size"]],
+            before=params.get("before"),
+            search=params["q"],
+        )
+    except agentlogs.LogUnavailable as exc:
+        context["error"] = exc.message
+        return render(request, "inventory/node_log.html", context, status=exc.status)
+    return render(request, "inventory/node_log.html", context)

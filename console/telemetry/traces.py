@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from django.db.models import QuerySet
+from django.urls import reverse
 
+from console.inventory.agentlogs import process_names
 from console.inventory.models import Node
 from console.telemetry.models import RequestTrace
 
@@ -62,11 +65,7 @@ def _where(
         return {"node": None}
     skew_ms = node.clock_skew_ms if skew_ms is None else skew_ms
     skew = skew_ms or 0.0
-    children = [
-        str(c.get("name"))
-        for c in node.reported_children or []
-        if isinstance(c, dict) and c.get("name") and (kind is None or c.get("kind") == kind)
-    ]
+    children = process_names(node.reported_children, kind)
     child = children[0] if children else "<child>"
     return {
         "node": node,
@@ -77,6 +76,11 @@ def _where(
         "skew_ms": skew_ms,
         "node_time": at + timedelta(milliseconds=skew),
         "children": children,
+        # The console's log page of each child, on the lines of this request (operators).
+        "log_pages": {
+            name: f"{reverse('node-log-page', args=[node.pk, name])}?{urlencode({'q': request_id})}"
+            for name in children
+        },
         "command": (
             f"pdbridge agent ctl --address {node.agent_address} logs {child} "
             f"--offset -{LOG_TAIL_BYTES} | grep -F '{request_id}'"

@@ -7,7 +7,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_GET
 
+from console.core.choices import Role
 from console.core.pages import page_view, paginate
+from console.core.roles import user_has_role
 from console.telemetry.models import RequestTrace
 from console.telemetry.traces import trace_timeline, traces_for
 
@@ -39,4 +41,6 @@ def trace_list(request: HttpRequest) -> HttpResponse:
 def trace_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """One request's legs on the console's clock, and each process's log location."""
     trace = get_object_or_404(RequestTrace.objects.select_related("node__site"), pk=pk)
-    return render(request, "telemetry/trace_detail.html", trace_timeline(trace))
+    context = trace_timeline(trace)
+    context["can_read_logs"] = user_has_role(request.user, Role.OPERATOR)
+    return render(request, "telemetry/trace_detail.html", context)

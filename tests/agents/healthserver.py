@@ -50,6 +50,7 @@ def main() -> None:
     parser.add_argument("--tag", default="")
     parser.add_argument("--start-delay", type=float, default=0.0)
     parser.add_argument("--unhealthy-after", type=float, default=-1)
+    parser.add_argument("--preamble", type=int, default=0, help="filler lines printed first")
     args = parser.parse_args()
     if args.unhealthy_after >= 0:
         UNHEALTHY_AT[0] = time.monotonic() + args.start_delay + args.unhealthy_after
@@ -62,6 +63,8 @@ def main() -> None:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         with open(args.grandchild, "w") as fh:
             fh.write(str(child.pid))
+    for n in range(args.preamble):
+        print(f"preamble line {n:06d} " + "." * 80)
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     print(f"healthserver pid={os.getpid()} port={args.port} tag={args.tag}", flush=True)
     if args.exit_after >= 0:

@@ -131,6 +131,9 @@ class Op:
     body: Callable[[Any], Any] | None = None
     # Sets the world up for the success call (the refused calls before it change nothing).
     before: Callable[[Any], Any] | None = None
+    # Reads through a node's agent: 502 / 503 / 504 with a detail naming the agent or the
+    # missing setting are its documented answers when the agent cannot be read, not crashes.
+    upstream: bool = False
 
 
 def _trace_doc() -> dict[str, Any]:
@@ -208,6 +211,14 @@ OPS: dict[tuple[str, str], Op] = {
         body=lambda w: {"site": w.local.pk, "hostname": "dec-9", "agent_address": "10.0.0.9:7070"},
     ),
     ("GET", "/api/nodes/{id}/"): Op("/api/nodes/{w.decode_node.pk}/", "viewer", 200),
+    # No controller identity in this suite: the answer that names it (the read itself, through
+    # a real agent: tests/console/inventory/test_node_log.py).
+    ("GET", "/api/nodes/{id}/logs/{child}/"): Op(
+        "/api/nodes/{w.decode_node.pk}/logs/decode-engine-1/?q=req-1",
+        "operator",
+        503,
+        upstream=True,
+    ),
     ("PUT", "/api/nodes/{id}/"): Op(
         "/api/nodes/{w.decode_node.pk}/",
         "admin",
@@ -696,6 +707,7 @@ def _served_operations() -> set[tuple[str, str]]:
         if not route.startswith("/api/") or "format" in route:
             continue
         path = re.sub(r"\(\?P<pk>[^)]*\)", "{id}", route).replace("^", "").replace("$", "")
+        path = re.sub(r"\(\?P<(\w+)>[^)]*\)", r"{\1}", path)
         actions = getattr(callback, "actions", None)
         if actions is not None:
             methods = {m.upper() for m in actions if m in METHODS}
@@ -873,7 +885,11 @@ def test_every_read_answers_hostile_query_strings_without_a_500(w):
         path = OPS[key].path.format(w=w).split("?")[0]
         for query in HOSTILE_QUERIES:
             response = w.admin.get(f"{path}?{query}")
-            if response.status_code >= 500:
+            if response.status_code >= 500 and not (
+                OPS[key].upstream
+                and response.status_code in {502, 503, 504}
+                and response.json().get("detail")
+            ):
                 failures.append((key, query, response.status_code))
 
     assert len(READS) > 40

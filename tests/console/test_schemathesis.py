@@ -60,6 +60,10 @@ CHECKS = [not_a_server_error, status_code_conformance, response_schema_conforman
 # Operations not fuzzed, by label ("POST /api/..."), each with its reason; they are left out
 # of the schema here, not skipped (CI allows no skips). None today: every operation is fuzzed.
 EXCLUDED: dict[str, str] = {}
+# Operations that read through a node's agent: with no agent behind the fuzzed nodes they
+# answer their documented 502 / 503 / 504 (named in the detail), so "no 5xx" does not apply;
+# the schema's codes and bodies still do, and a 500 still fails.
+UPSTREAM = {"GET /api/nodes/{id}/logs/{child}/"}
 
 
 def _seed(world: Any) -> dict[str, Any]:
@@ -217,4 +221,9 @@ def test_every_operation_conforms_to_the_schema(case: Any, fuzz_world: dict[str,
         auth = f"Bearer {fuzz_world['node_token']}"
     else:
         auth = f"Token {fuzz_world['user_token']}"
+    if case.operation.label in UPSTREAM:
+        checks = [status_code_conformance, response_schema_conformance]
+        response = case.call_and_validate(headers={"Authorization": auth}, checks=checks)
+        assert response.status_code != 500, response.text
+        return
     case.call_and_validate(headers={"Authorization": auth}, checks=CHECKS)

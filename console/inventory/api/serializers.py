@@ -5,6 +5,7 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 from rest_framework import serializers
 
+from console.inventory import agentlogs
 from console.inventory.models import HEARTBEAT_FIELDS, Link, Node, Site
 
 MAX_REPORT_ITEMS = 256
@@ -197,3 +198,58 @@ class HeartbeatResponseSerializer(serializers.Serializer):
     clock_skew_ms = serializers.FloatField()
     interval_s = serializers.IntegerField()
     deployments = serializers.DictField(child=serializers.IntegerField())
+
+
+class LogQuerySerializer(serializers.Serializer):
+    """The query of a process's log (the log page and ``GET /api/nodes/{id}/logs/{child}/``)."""
+
+    q = serializers.CharField(
+        required=False,
+        default="",
+        allow_blank=True,
+        trim_whitespace=False,
+        max_length=agentlogs.MAX_SEARCH,
+        help_text="Keep the lines containing this text (plain, case-sensitive), e.g. a request id.",
+        error_messages={"max_length": f"one line of at most {agentlogs.MAX_SEARCH} characters"},
+    )
+    size = serializers.ChoiceField(
+        choices=list(agentlogs.SIZES),
+        default=agentlogs.DEFAULT_SIZE,
+        help_text="How many bytes of the log to read, ending at `before` (or at its end).",
+        error_messages={"invalid_choice": f"one of {', '.join(agentlogs.SIZES)}"},
+    )
+    before = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=2**62,
+        help_text="Read the bytes before this offset of the log stream (an answer's `earlier`).",
+        error_messages={
+            "invalid": "a byte offset (digits)",
+            "min_value": "a byte offset (digits)",
+            "max_value": "a byte offset (digits)",
+        },
+    )
+
+    def validate_q(self, value: str) -> str:
+        if "\n" in value or "\r" in value:
+            raise serializers.ValidationError(
+                f"one line of at most {agentlogs.MAX_SEARCH} characters"
+            )
+        return value
+
+
+class LogExcerptSerializer(serializers.Serializer):
+    """Whole lines of a process's log, read through its node's agent."""
+
+    node = serializers.IntegerField()
+    child = serializers.CharField()
+    lines = serializers.ListField(child=serializers.CharField(allow_blank=True))
+    search = serializers.CharField(allow_blank=True, help_text="The `q` the lines were kept by.")
+    matched = serializers.IntegerField(help_text="Lines kept (all of `total` without `q`).")
+    total = serializers.IntegerField(help_text="Whole lines in the bytes read.")
+    offset = serializers.IntegerField(help_text="Byte offset of the first line read.")
+    end = serializers.IntegerField(help_text="Byte offset just after the bytes read.")
+    start_offset = serializers.IntegerField(help_text="The oldest byte still on the node.")
+    earlier = serializers.IntegerField(
+        allow_null=True, help_text="Pass as `before` to read what precedes; null at the oldest."
+    )

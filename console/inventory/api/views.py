@@ -1,19 +1,23 @@
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from console.core.api.base import ServiceModelViewSet
+from console.core.api.schema import ErrorSerializer
 from console.core.choices import Role
-from console.inventory import services
+from console.inventory import agentlogs, services
 from console.inventory.api.serializers import (
     HeartbeatResponseSerializer,
     HeartbeatSerializer,
     LinkSerializer,
+    LogExcerptSerializer,
+    LogQuerySerializer,
     NodeSerializer,
     NodeTokenSerializer,
     SiteSerializer,
@@ -48,7 +52,8 @@ class NodeViewSet(ServiceModelViewSet):
     search_fields = ["hostname", "agent_address"]
     ordering_fields = ["id", "hostname", "last_heartbeat_at"]
     write_role = Role.ADMIN
-    action_roles = {"token": Role.ADMIN}
+    # Reading a process's log: a live agent call, and a log holds what a trace does not.
+    action_roles = {"token": Role.ADMIN, "logs": Role.OPERATOR}
     instance_kwarg = "node"
     create_service = staticmethod(services.node_create)
     update_service = staticmethod(services.node_update)
@@ -63,6 +68,50 @@ class NodeViewSet(ServiceModelViewSet):
         token = services.node_token_issue(actor=request.user, node=node)
         body = {"node": node.pk, "token": token, "token_prefix": token[:8]}
         return Response(NodeTokenSerializer(body).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        parameters=[LogQuerySerializer],
+        responses={
+            200: LogExcerptSerializer,
+            404: OpenApiResponse(
+                ErrorSerializer, "No such node, or the agent supervises no such process."
+            ),
+            502: OpenApiResponse(
+                ErrorSerializer, "The agent refused or failed (its status named)."
+            ),
+            503: OpenApiResponse(ErrorSerializer, "The console has no controller identity."),
+            504: OpenApiResponse(ErrorSerializer, "The agent did not answer in time."),
+        },
+    )
+    @action(
+        detail=True,
+        methods=["get"],
+        # No {m,n} in the route: the schema generator would read it as a path parameter.
+        url_path=r"logs/(?P<child>[A-Za-z0-9][A-Za-z0-9._-]*)",
+        filter_backends=[],
+        pagination_class=None,
+    )
+    def logs(self, request: Request, pk: str | None = None, child: str = "") -> Response:
+        """Whole lines of one supervised process's log, read through the node's agent: the
+        last ``size`` bytes (before ``before``), those containing ``q`` when given."""
+        node = self.get_object()
+        if not agentlogs.CHILD_NAME.match(child):
+            raise NotFound("child: not a process name (at most 128 characters)")
+        query = LogQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        try:
+            excerpt = agentlogs.read_log(
+                address=node.agent_address,
+                hostname=node.hostname,
+                child=child,
+                size=agentlogs.SIZES[query.validated_data["size"]],
+                before=query.validated_data.get("before"),
+                search=query.validated_data["q"],
+            )
+        except agentlogs.LogUnavailable as exc:
+            return Response({"detail": exc.message}, status=exc.status)
+        body = {"node": node.pk, "child": child, **vars(excerpt)}
+        return Response(LogExcerptSerializer(body).data)
 
 
 class LinkViewSet(ServiceModelViewSet):

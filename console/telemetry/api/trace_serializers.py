@@ -91,7 +91,8 @@ class TimelineLegSerializer(serializers.Serializer):
     logs = serializers.DictField(
         allow_null=True,
         help_text="Where the leg's process logs: node, skew, the time on its clock, the "
-        "agent's child names and the command that reads them.",
+        "agent's child names, ``log_pages`` (each child's console log page on this "
+        "request's lines; operators) and the shell command that reads them.",
     )
 
 

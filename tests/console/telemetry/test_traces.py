@@ -124,6 +124,14 @@ def test_shipped_trace_lands_on_the_console_clock_with_each_legs_log(
     assert "prefill-engine-1" in html
     assert "clock corrected by its skew 250.0 ms" in html
 
+    # Viewers get the shell command; operators a link to each log page on this request's lines.
+    prefill_page = f"/nodes/{sites['prefill'].pk}/logs/prefill-engine-1/?q=req-abc"
+    assert prefill_logs["log_pages"] == {"prefill-engine-1": prefill_page}
+    assert prefill_page not in html
+    html = client_as("operator").get(f"/traces/{row.pk}/").content.decode()
+    assert f'href="{prefill_page}"' in html
+    assert f'href="/nodes/{sites["gateway"].pk}/logs/gateway-1/?q=req-abc"' in html
+
 
 def test_batches_are_bounded_and_need_a_node_token(sites: dict[str, Any], api_as: Any) -> None:
     token = node_token_issue(actor=None, node=sites["gateway"])
