@@ -109,6 +109,8 @@ def test_operator_starts_and_aborts_a_canary_and_opens_a_traced_request(
     assert WorkflowRun.objects.get(pk=run.pk).cancel_requested
     page.screenshot(path=str(screenshots / "canary-aborted.png"), full_page=True)
 
+    world.prefill_node.reported_children = [{"name": "prefill-engine-1", "kind": "prefill-engine"}]
+    world.prefill_node.save()
     page.goto(f"{base}/traces/")
     page.fill("input[name=request_id]", "req-e2e-1")
     page.click("button:has-text('Find')")
@@ -118,6 +120,16 @@ def test_operator_starts_and_aborts_a_canary_and_opens_a_traced_request(
     ]  # fmt: skip
     logs = page.inner_text("#logs")
     assert world.prefill_node.hostname in logs
-    assert "grep -F 'req-e2e-1'" in logs
+    assert "grep -F 'req-e2e-1'" in page.text_content("#logs")  # under "from a shell"
     page.screenshot(path=str(screenshots / "trace.png"), full_page=True)
+    # An operator follows the prefill leg's log link: the log page, searching for the request.
+    link = page.locator("#logs a.log-link", has_text="prefill-engine-1")
+    assert link.get_attribute("href") == (
+        f"/nodes/{world.prefill_node.pk}/logs/prefill-engine-1/?q=req-e2e-1"
+    )
+    link.click()
+    page.wait_for_url(f"{base}/nodes/{world.prefill_node.pk}/logs/prefill-engine-1/?q=req-e2e-1")
+    assert page.input_value("#log-search input[name=q]") == "req-e2e-1"
+    # No agent behind this world's node and no controller identity here: said, not a 500.
+    assert "PDBRIDGE_CONTROLLER_TLS_CA: required to call agents" in page.inner_text("#log-error")
     page.context.close()
