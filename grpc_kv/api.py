@@ -39,6 +39,7 @@ from grpc_kv.probe import loopback, probe
 from grpc_kv.receiver import ReceiverServer
 from grpc_kv.results import (
     PeerRefused,
+    ReceiverUnreachable,
     TransferError,
     TransferRefused,
     TransferSummary,
@@ -67,6 +68,7 @@ __all__ = [
     "PeerRejected",
     "ReceiverOptions",
     "ReceiverServer",
+    "ReceiverUnreachable",
     "Segment",
     "TLSConfig",
     "Transfer",

@@ -121,6 +121,7 @@ async def _loopback(args: argparse.Namespace) -> int:
         compression=args.compression,
         connections=args.connections,
         timeout_ms=args.timeout_ms,
+        unreachable_ms=args.unreachable_ms,
         data_path=args.data_path,
     )
     result = await loopback(
@@ -238,6 +239,12 @@ def build_parser() -> argparse.ArgumentParser:
     loop.add_argument("--compression", default="auto")
     loop.add_argument("--connections", type=int, default=2)
     loop.add_argument("--timeout-ms", type=int, default=60_000)
+    loop.add_argument(
+        "--unreachable-ms",
+        type=int,
+        default=LinkOptions.unreachable_ms,
+        help="fail after this long without an answer from the receiver (0: until the deadline)",
+    )
     loop.add_argument(
         "--data-path",
         choices=("grpc", "bulk"),

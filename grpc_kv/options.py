@@ -46,6 +46,14 @@ class LinkOptions:
     timeout_ms: int = 4000
     #: Deadline of each control RPC (Begin, Finish, Cancel, Ping).
     rpc_timeout_ms: int = 2000
+    #: How long the sender keeps re-trying a receiver it cannot reach -- connection refused
+    #: or reset, no route, no answer within ``rpc_timeout_ms`` -- with nothing heard from it
+    #: (no Begin answered, no ack), before failing the transfer with ``ReceiverUnreachable``
+    #: (0: until the deadline). Shorter outages are resumed as before; a cut link fails
+    #: within this, named, and the gateway serves the request another way at once instead
+    #: of every request in flight waiting out ``timeout_ms``. A slow link still acks: never
+    #: unreachable; a stalled stream is reset and resumed, then judged by this.
+    unreachable_ms: int = 3000
     #: Link capacity in bits/s as measured by ``probe`` (0 = unknown). Feeds the rate
     #: ceiling and ``auto`` compression.
     link_rate_bps: float = 0.0
@@ -83,7 +91,7 @@ class LinkOptions:
         for name in positive:
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"{name}: must be > 0, got {getattr(self, name)!r}")
-        for name in ("retry", "backoff_ms", "link_rate_bps", "rate_limit_bps"):
+        for name in ("retry", "backoff_ms", "link_rate_bps", "rate_limit_bps", "unreachable_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)!r}")
         if not 0 < self.utilisation_ceiling <= 1:

@@ -24,6 +24,12 @@ class TransferTimeout(TransferError):
     """The transfer did not complete within ``timeout_ms``."""
 
 
+class ReceiverUnreachable(TransferError):
+    """The sender could not open the transfer: every Begin for ``unreachable_ms`` failed to
+    reach the receiver (connection refused or reset, no route, no answer within the RPC's
+    deadline). The decode site's KV receiver is down, or the path to it is cut."""
+
+
 class TransferRefused(TransferError):
     """The receiver refused (fingerprint, version, id reuse, peer not allowed, bad frame)."""
 

@@ -84,6 +84,8 @@ class Transfer(ChunkStreams):
         self._unverified = options.checksum is Checksum.NONE
         self._auto = AutoCodec(level=options.zstd_level)
         self._started = time.monotonic()
+        #: When the receiver stopped answering (None: it answers; LinkOptions.unreachable_ms).
+        self._failing_since: float | None = None
         self._deadline = self._started + options.timeout_ms / 1000
         self._next_seq = 0
         self._checksums: list[int] = []
@@ -218,6 +220,7 @@ class Transfer(ChunkStreams):
         diagnosed = False
         while True:
             self._raise_if_failed()
+            tried_at = time.monotonic()
             try:
                 await self._begin(resume=False)
                 break
@@ -227,8 +230,11 @@ class Transfer(ChunkStreams):
                     diagnosed = True
                     await self._diagnose(exc)
                 self._handle_rpc_error(exc, "begin")
-                await asyncio.sleep(min(self._backoff(attempt), max(self.remaining(), 0)))
+                if self._unreachable("begin", exc, since=tried_at):
+                    raise self._error from None  # type: ignore[misc]
+                await asyncio.sleep(self._pause(attempt))
                 attempt += 1
+        self._failing_since = None
         if self._unverified:
             self.link.warn_unverified()
         self.link.metrics.active.labels(ROLE).inc()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,7 @@ from grpc_kv.options import LinkOptions
 from grpc_kv.protocol import pb
 from grpc_kv.results import (
     PeerRefused,
+    ReceiverUnreachable,
     TransferError,
     TransferRefused,
     TransferSummary,
@@ -46,6 +48,10 @@ ROLE = "sender"
 #: The slowest link the sender assumes before it has measured one (bits/s): only for noticing
 #: a stalled connection, never for pacing.
 STALL_FLOOR_BPS = 1_000_000
+
+
+#: Failures that mean the receiver was not reached (``LinkOptions.unreachable_ms``).
+_UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 class ChunkStreams:
@@ -65,6 +71,7 @@ class ChunkStreams:
     _closed: bool
     _done: bool
     _error: TransferError | None
+    _failing_since: float | None
     _cond: asyncio.Condition
     _space: asyncio.Condition
     _timers: set[asyncio.Future[None]]
@@ -85,6 +92,45 @@ class ChunkStreams:
         async def _begin(self, resume: bool, index: int = 0) -> None: ...
         def _refused(self, error: PeerRefused) -> None: ...
         def _handle_rpc_error(self, exc: grpc.aio.AioRpcError, what: str) -> None: ...
+
+    def _unreachable(self, what: str, exc: BaseException, since: float | None = None) -> bool:
+        """Fail the transfer with ``ReceiverUnreachable`` (True) when ``exc`` means the
+        receiver was not reached (refused, reset, no route, no answer in time) and every try
+        since the first such failure -- at the latest ``since``, when the failed try began --
+        has failed for ``unreachable_ms``. An answer from the receiver (a Begin, an ack) ends
+        the outage; a slow link that keeps acking never starts one."""
+        bound = self.options.unreachable_ms / 1000
+        reached = isinstance(exc, grpc.aio.AioRpcError) and exc.code() not in _UNREACHABLE
+        if bound <= 0 or reached or not isinstance(exc, (grpc.aio.AioRpcError, OSError)):
+            return False
+        now = time.monotonic()
+        began = min(since if since is not None else now, now)
+        if self._failing_since is None or began < self._failing_since:
+            self._failing_since = began
+        if now - self._failing_since < bound:
+            return False
+        detail = (
+            f"{exc.code().name}: {exc.details() or ''}"
+            if isinstance(exc, grpc.aio.AioRpcError)
+            else f"{type(exc).__name__}: {exc}"
+        )
+        self._fail(
+            ReceiverUnreachable(
+                f"{what}: receiver {self.link.target} unreachable for "
+                f"{self.options.unreachable_ms} ms ({detail[:200]})",
+                exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None,
+            )
+        )
+        return True
+
+    def _pause(self, attempt: int) -> float:
+        """The backoff before re-trying the receiver: never past the deadline, nor past the
+        moment ``unreachable_ms`` without an answer would end the transfer."""
+        pause = min(self._backoff(attempt), max(self.remaining(), 0))
+        bound = self.options.unreachable_ms / 1000
+        if bound > 0 and self._failing_since is not None:
+            pause = min(pause, max(self._failing_since + bound - time.monotonic(), 0))
+        return pause
 
     def _acked(self, chunk: OutChunk) -> None:
         if self._unacked.pop(chunk.seq, None) is None:
@@ -146,6 +192,7 @@ class ChunkStreams:
             try:
                 if resume:
                     await self._begin(resume=True, index=index)
+                    self._failing_since = None
                 await self._stream(index)
                 failures = 0
                 resume = False
@@ -171,6 +218,8 @@ class ChunkStreams:
                 if isinstance(exc, grpc.aio.AioRpcError):
                     with contextlib.suppress(TransferError):
                         self._handle_rpc_error(exc, "push")
+                if not isinstance(exc, _StreamStalled):  # a stall is slow, not gone
+                    self._unreachable("push", exc)
                 await self._requeue_connection(index)
                 await self._notify()
                 if self._error is not None:
@@ -181,7 +230,7 @@ class ChunkStreams:
                 ):
                     await self.link.reset(index)
                 resume = True
-                await asyncio.sleep(min(self._backoff(failures), max(self.remaining(), 0)))
+                await asyncio.sleep(self._pause(failures))
                 failures += 1
 
     async def _requeue_connection(self, index: int) -> None:
@@ -307,6 +356,7 @@ class ChunkStreams:
                 if ack is EOF:
                     await self._requeue_connection(index)
                     return
+                self._failing_since = None  # heard from: any outage is over
                 await self._on_ack(self._matched(ack, sent))
                 while ready is not None and (ack := ready()) is not None:
                     await self._on_ack(self._matched(ack, sent))

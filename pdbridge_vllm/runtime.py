@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from grpc_kv import api as kv
-from pdproto.kv import KV_IMPORT_REFUSED, KV_PEER_REFUSED, KV_TIMEOUT
+from pdproto.kv import KV_IMPORT_REFUSED, KV_PEER_REFUSED, KV_TIMEOUT, KV_UNREACHABLE
 
 log = logging.getLogger("vllm.pdbridge")  # under vLLM's logger: its handler and format
 T = TypeVar("T")
@@ -67,6 +67,8 @@ def failure_cause(exc: BaseException) -> str:
     """A short, stable cause for logs, metrics and ``kv_transfer_params``."""
     if isinstance(exc, kv.PeerRefused):
         return KV_PEER_REFUSED
+    if isinstance(exc, kv.ReceiverUnreachable):
+        return KV_UNREACHABLE
     if isinstance(exc, kv.FingerprintMismatch) or (
         isinstance(exc, kv.TransferRefused) and "fingerprint" in str(exc)
     ):

@@ -7,7 +7,7 @@ and the ``x-pdbridge-failover-cause`` header of the answer)."""
 
 from __future__ import annotations
 
-from pdproto.kv import KV_IMPORT_REFUSED, KV_PEER_REFUSED, KV_TIMEOUT
+from pdproto.kv import KV_IMPORT_REFUSED, KV_PEER_REFUSED, KV_TIMEOUT, KV_UNREACHABLE
 
 #: Every remote site's breaker is open (or the chosen one tripped before the legs left).
 BREAKER_OPEN = "breaker_open"
@@ -38,6 +38,7 @@ FALLBACK_CAUSES = (
     KV_TRANSFER,
     KV_IMPORT_REFUSED,
     KV_PEER_REFUSED,
+    KV_UNREACHABLE,
     KV_TIMEOUT,
     DECODE_ERROR,
 )
@@ -46,7 +47,8 @@ FALLBACK_CAUSES = (
 #: transfer id) before local fallback: failures of the prefill leg before any KV reached the
 #: decode engine -- its site's breaker tripped before the leg left, it could not connect or
 #: answered 5xx / refused (``prefill_error``), it ran past its site timeout
-#: (``prefill_timeout``), or the decode site's receiver refused that site's engine
-#: (``kv_peer_refused``). A failure the decode engine saw (damaged, refused or late KV) and
+#: (``prefill_timeout``), the decode site's receiver refused that site's engine
+#: (``kv_peer_refused``) or that site's engine could not reach it (``kv_unreachable``: its
+#: path cut, while another site's may not be). A failure the decode engine saw (damaged, refused or late KV) and
 #: the decode leg's own failures never fail over: the request's KV deadline is spent.
-FAILOVER_CAUSES = (BREAKER_OPEN, PREFILL_ERROR, PREFILL_TIMEOUT, KV_PEER_REFUSED)
+FAILOVER_CAUSES = (BREAKER_OPEN, PREFILL_ERROR, PREFILL_TIMEOUT, KV_PEER_REFUSED, KV_UNREACHABLE)

@@ -78,6 +78,10 @@ KV_IMPORT_REFUSED = "kv_import_refused"
 #: receiver's allowlist); also the gateway's fallback cause for it: a certificate or an
 #: allowlist to fix, never a transient fault.
 KV_PEER_REFUSED = "kv_peer_refused"
+#: The prefill engine could not reach the decode site's KV receiver at all within the link's
+#: ``unreachable_ms`` (receiver down, path cut); also the gateway's fallback cause for it, and
+#: one it fails over for: another prefill site may still reach the receiver.
+KV_UNREACHABLE = "kv_unreachable"
 
 
 def push_kv_params(

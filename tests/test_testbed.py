@@ -211,12 +211,11 @@ def test_make_run_netns_runs_the_sites_in_namespaces_and_removes_them(tmp_path):
         }
         seen["probe"] = probe_evidence(ready, db)
         # A link cut through the API, cut where the testbed's WAN path is (the remote agent's
-        # fault proxy, in its namespace). The prefill engines' KV senders retry an unreachable
-        # receiver until the KV deadline (15 s) before the first request falls back and the
-        # breaker opens: the fault must outlast it, or the retries get through once it lifts
-        # and the fallback never serves.
+        # fault proxy, in its namespace). The prefill engines' KV senders give an unreachable
+        # receiver up after the link's unreachable_ms (3 s, not the 15 s KV deadline): the
+        # requests sent at the cut fall back then and the breaker opens, well inside 10 s.
         api = ConsoleApi(ready, (tmp_path / "run.out").read_text())
-        seen["cut"] = api.drill(ready, "link_cut", fault_s=20)
+        seen["cut"] = api.drill(ready, "link_cut", fault_s=10)
 
     ready, output = smoke(tmp_path, ["--netns", "--wan-mbit", "100"], while_up)
 
@@ -237,6 +236,8 @@ def test_make_run_netns_runs_the_sites_in_namespaces_and_removes_them(tmp_path):
     assert probe["to"].startswith(f"{remote_ip}:")
     assert 0 < probe["mbit_s"] <= 110
     check_drill_passed(seen["cut"])
+    # Detected by the senders' unreachable bound (3 s) plus a local prefill, not the deadline.
+    assert seen["cut"]["time_to_detect_s"] < 10, seen["cut"]
     assert f"removed namespaces {local_ns}, {remote_ns}" in output
     assert not {local_ns, remote_ns} & namespaces()
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True)

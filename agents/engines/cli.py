@@ -125,6 +125,13 @@ def _serve_parser() -> argparse.ArgumentParser:
         "kv_transfer.timeout_ms; grpc_kv default 4000)",
     )
     p.add_argument(
+        "--kv-unreachable-ms",
+        type=int,
+        default=None,
+        help="how long a send re-tries to open a transfer with a KV receiver it cannot reach "
+        "before failing it as kv_unreachable (0: until the deadline; grpc_kv default 3000)",
+    )
+    p.add_argument(
         "--kv-retry",
         type=int,
         default=None,
@@ -206,6 +213,10 @@ def link_options(args: argparse.Namespace) -> Any:
         if args.kv_timeout_ms < 1:
             raise ValueError(f"--kv-timeout-ms: must be >= 1, got {args.kv_timeout_ms}")
         link["timeout_ms"] = args.kv_timeout_ms
+    if args.kv_unreachable_ms is not None:
+        if args.kv_unreachable_ms < 0:
+            raise ValueError(f"--kv-unreachable-ms: must be >= 0, got {args.kv_unreachable_ms}")
+        link["unreachable_ms"] = args.kv_unreachable_ms
     if args.kv_retry is not None:
         if args.kv_retry < 0:
             raise ValueError(f"--kv-retry: must be >= 0, got {args.kv_retry}")

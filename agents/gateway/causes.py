@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from agents.gateway.upstream import LegError
-from pdproto.kv import KV_IMPORT_REFUSED, KV_PEER_REFUSED, KV_TIMEOUT
+from pdproto.kv import KV_IMPORT_REFUSED, KV_PEER_REFUSED, KV_TIMEOUT, KV_UNREACHABLE
 
 
 def _json(text: str) -> Any:
@@ -46,12 +46,13 @@ def kv_cause(error: BaseException) -> str | None:
 def prefill_cause(error: BaseException) -> str:
     """The fallback cause of a failed prefill leg: ``prefill_timeout`` (the gateway's own
     wait ran out), ``kv_peer_refused`` (the decode site's KV receiver refused the prefill
-    engine: TLS or allowlist, named in the engine's error), ``kv_timeout`` (the engine's send
+    engine: TLS or allowlist, named in the engine's error), ``kv_unreachable`` (the engine
+    could not reach that receiver at all: it is down or the path is cut), ``kv_timeout`` (the engine's send
     missed the deployment's KV deadline: a slow link or prefill, not damaged KV) or
     ``prefill_error``."""
     if isinstance(error, LegError) and error.cause == "timeout":
         return "prefill_timeout"
     code = error_code(error)
-    if code in (KV_PEER_REFUSED, KV_TIMEOUT):
+    if code in (KV_PEER_REFUSED, KV_UNREACHABLE, KV_TIMEOUT):
         return code
     return "prefill_error"

@@ -33,6 +33,7 @@ LOCAL_PREFILL_SKIPS = (
     "kv_transfer",
     "kv_import_refused",
     "kv_peer_refused",
+    "kv_unreachable",
     "kv_timeout",
     "decode_error",
 )

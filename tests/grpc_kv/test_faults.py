@@ -13,6 +13,7 @@ from grpc_kv.api import (
     LinkMetrics,
     LinkOptions,
     ReceiverOptions,
+    ReceiverUnreachable,
     TransferFailed,
     TransferTimeout,
     open_transfer,
@@ -166,6 +167,91 @@ def test_link_down_past_the_deadline_fails_both_sides_in_time_and_frees_memory(m
     assert times["receiver"] <= deadline_ms / 1000 + 1.0
     assert memory == baseline == 0
     assert active == 0
+
+
+@pytest.mark.parametrize("mode", ["blackhole", "reset"])
+def test_a_cut_mid_transfer_longer_than_unreachable_ms_fails_as_unreachable_not_at_the_deadline(
+    mode,
+):
+    """Cut after the first chunks and left cut: the sender resumes while the outage is
+    shorter than ``unreachable_ms``, then fails ``ReceiverUnreachable`` -- seconds, not the
+    30 s deadline -- so the request can be served another way."""
+    options = LinkOptions(
+        chunk_size_bytes=64 * 1024, compression="none", timeout_ms=30000, rpc_timeout_ms=500,
+        unreachable_ms=1500,
+    )  # fmt: skip
+
+    async def scenario():
+        async with receiver() as (server, target):
+            proxy, via = await proxied(target)
+            header = make_header({"kv": 0})
+            reader = asyncio.ensure_future(server.open(header.transfer_id, 60.0))
+            started = cut_at = time.monotonic()
+            error = None
+            try:
+                async with open_transfer(via, header, options, INSECURE) as tx:
+                    await tx.send_layer("kv", os.urandom(1 << 20), final=False)
+                    while not server.metrics.value("pdbridge_kv_chunks_total", role="receiver"):
+                        await asyncio.sleep(0.01)
+                    proxy.cut(mode)
+                    cut_at = time.monotonic()
+                    await tx.send_layer("kv", os.urandom(1 << 20), final=True)
+                    await tx.finish()
+            except ReceiverUnreachable as exc:
+                error = exc
+            failed_after = time.monotonic() - cut_at
+            reader.cancel()
+            await proxy.stop()
+            return error, failed_after, time.monotonic() - started
+
+    error, failed_after, _ = run(scenario())
+
+    assert "push: receiver" in str(error) or "begin: receiver" in str(error), error
+    assert "unreachable for 1500 ms" in str(error)
+    assert 1.5 * 0.9 <= failed_after < 10  # the bound plus a stall check, not the deadline
+
+
+def test_a_slow_link_is_not_unreachable_and_a_short_cut_on_it_resumes():
+    """A link so slow that no ack comes for longer than ``unreachable_ms`` (each 64 KiB chunk
+    takes ~2 s at 32 KB/s, the bound is 1 s) is slow, not unreachable: a 0.3 s cut on it is
+    resumed and the transfer completes, whole."""
+    options = LinkOptions(
+        chunk_size_bytes=64 * 1024, compression="none", connections=1, window=2,
+        timeout_ms=60000, rpc_timeout_ms=2000, unreachable_ms=1000,
+    )  # fmt: skip
+    data = os.urandom(256 * 1024)
+
+    async def scenario():
+        async with receiver() as (server, target):
+            proxy, via = await proxied(target)
+            proxy.add(Bandwidth(direction="upstream", bytes_per_s=32 * 1024))
+            header = make_header({"kv": len(data)})
+
+            async def consume():
+                got = bytearray()
+                async with await server.open(header.transfer_id, 60.0) as reader:
+                    async for segment in reader:
+                        got += segment.data
+                return bytes(got)
+
+            consumer = asyncio.create_task(consume())
+            async with open_transfer(via, header, options, INSECURE) as tx:
+                await tx.send_layer("kv", data[:131072], final=False)
+                # Past the bound without an ack: the first chunk is still on the slow wire.
+                await asyncio.sleep(1.5)
+                proxy.cut("reset")
+                await asyncio.sleep(0.3)
+                proxy.restore()
+                await tx.send_layer("kv", data[131072:], final=True)
+                summary = await tx.finish()
+            got = await consumer
+            await proxy.stop()
+            return summary, got
+
+    summary, got = run(scenario())
+
+    assert got == data
+    assert summary.resumes >= 1
 
 
 def test_every_way_a_transfer_ends_closes_its_connections_without_the_cyclic_gc():

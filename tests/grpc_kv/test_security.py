@@ -11,6 +11,7 @@ from grpc_kv.api import (
     LinkOptions,
     PeerRefused,
     ReceiverOptions,
+    ReceiverUnreachable,
     TLSConfig,
     TransferError,
     TransferRefused,
@@ -146,7 +147,8 @@ def test_a_refused_handshake_or_peer_fails_at_once_naming_why(pki, tmp_path, cas
 
 
 def test_a_receiver_that_is_down_is_retried_until_the_deadline_not_refused(pki):
-    """Only a refusal is final: a receiver not yet listening is a timeout after retries."""
+    """Only a refusal is final: a receiver not yet listening is a timeout after retries (this
+    deadline, 1.5 s, is shorter than the default ``unreachable_ms``, 3 s)."""
     import socket
 
     with socket.socket() as probe_socket:
@@ -163,6 +165,41 @@ def test_a_receiver_that_is_down_is_retried_until_the_deadline_not_refused(pki):
 
     assert type(error) is TransferTimeout
     assert elapsed >= FAST_FAIL.timeout_ms / 1000 * 0.9
+
+
+@pytest.mark.parametrize("receiver_state", ["nothing listens", "listens, never answers"])
+def test_a_receiver_out_of_reach_fails_as_unreachable_within_its_bound(pki, receiver_state):
+    """A cut path or a dead receiver is ``ReceiverUnreachable`` once Begin has failed for
+    ``unreachable_ms`` -- long before the transfer's deadline -- naming the target and the
+    bound; a receiver whose port accepts connections but never answers (a hung process, a
+    black-holed path behind a proxy) is unreachable too, by Begin's RPC deadline."""
+    import socket
+
+    hold = socket.socket()
+    hold.bind(("127.0.0.1", 0))
+    port = hold.getsockname()[1]
+    if receiver_state == "nothing listens":
+        hold.close()
+    else:
+        hold.listen(16)  # the kernel completes TCP handshakes; nothing reads or answers
+    options = LinkOptions(timeout_ms=30000, rpc_timeout_ms=500, unreachable_ms=1500)
+
+    async def scenario():
+        started = time.monotonic()
+        with pytest.raises(TransferError) as err:
+            await send_one(
+                f"127.0.0.1:{port}", tls_for(pki, "site-a", server_name="site-b"), options
+            )
+        return err.value, time.monotonic() - started
+
+    try:
+        error, elapsed = run(scenario())
+    finally:
+        hold.close()
+
+    assert type(error) is ReceiverUnreachable, error
+    assert f"receiver 127.0.0.1:{port} unreachable for 1500 ms" in str(error)
+    assert 1.5 * 0.9 <= elapsed < 10  # the bound (plus one RPC), not the 30 s deadline
 
 
 def test_server_certificate_is_reloaded_without_restart(pki, tmp_path):

@@ -38,6 +38,7 @@ from agents.engines.reference.transport import (
     TransferRejected,
     TransferSummary,
     TransferTimeout,
+    TransferUnreachable,
     check_manifest,
     open_spool_sender,
 )
@@ -187,6 +188,8 @@ def _map_error(exc: BaseException) -> TransferError:
         return TransferRejected(text)
     if isinstance(exc, kv.PeerRefused):
         return TransferPeerRefused(text)
+    if isinstance(exc, kv.ReceiverUnreachable):
+        return TransferUnreachable(text)
     if isinstance(exc, kv.TransferTimeout) or "deadline" in text:
         return TransferTimeout(text)
     if isinstance(exc, kv.TransferRefused):

@@ -17,6 +17,7 @@ request did not ask for ``fallback: local`` (the error's ``code`` says why: ``kv
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -49,11 +50,13 @@ from agents.engines.reference.transport import (
 )
 from agents.engines.reference.zoo import LoadedModel
 from pdproto.http import PATH_HEADER, REQUEST_ID_HEADER, clip_request_id
-from pdproto.kv import KV_ERROR_TYPE, KV_PEER_REFUSED, REQUEST_ID
+from pdproto.kv import KV_ERROR_TYPE, KV_PEER_REFUSED, KV_UNREACHABLE, REQUEST_ID
 
 log = logging.getLogger("pdbridge.engines.server")
 T = TypeVar("T")
 ROLES = ("prefill", "decode", "both")
+#: How often a decode leg waiting for its KV checks that its caller is still there.
+CLIENT_POLL_S = 0.2
 
 
 @dataclass
@@ -334,7 +337,10 @@ class ReferenceEngine(Responses):
                 sess.timings["kv_tail_s"] = time.monotonic() - t_computed
             except TransferError as exc:
                 await asyncio.shield(streamer.abort("transfer failed"))
-                outcome = exc.reason if exc.reason == KV_PEER_REFUSED else "failed"
+                # Causes an operator acts on by name; the rest stay "failed" (bounded labels).
+                outcome = (
+                    exc.reason if exc.reason in (KV_PEER_REFUSED, KV_UNREACHABLE) else "failed"
+                )
                 self.metrics.kv_transfers.labels(direction="send", outcome=outcome, **labels).inc()
                 raise
             except BaseException:
@@ -361,7 +367,7 @@ class ReferenceEngine(Responses):
             )
         elif kv is not None and kv.do_remote_prefill:
             try:
-                await self._import(sess)
+                await self._import(request, sess)
                 sess.path = "remote"
                 self.metrics.kv_transfers.labels(direction="receive", outcome="ok", **labels).inc()
                 self.metrics.prompt_by_source.labels(source="external_kv_transfer", **labels).inc(
@@ -394,17 +400,25 @@ class ReferenceEngine(Responses):
         self.metrics.prefill_time.labels(**labels).observe(sess.timings["prefill_s"])
         self.metrics.prompt_tokens.labels(**labels).inc(len(sess.prompt_ids))
 
-    async def _import(self, sess: Session) -> None:
+    async def _import(self, request: web.Request, sess: Session) -> None:
         kv = sess.req.kv
         if kv is None or self.receiver is None:
             raise TransferRejected("kv_transfer_params: no transfer to import")
         # The model's KV layout (cached after the first import): the receiver checks the
         # manifest against it when the header arrives, before reading any segment.
         layout = await self._compute(sess.runner.layout)
-        try:
-            received = await self.receiver.receive(
+        receiving = asyncio.ensure_future(
+            self.receiver.receive(
                 kv.transfer_id, sess.lm.fingerprint, kv.deadline_s, accept=layout.check
             )
+        )
+        try:
+            # A decode leg the gateway gave up on (it fell back or failed over: its connection
+            # closed) stops waiting at once: waiting out the KV deadline would hold one of
+            # max_num_seqs slots that the fallback of that very request queues for.
+            while not (await asyncio.wait({receiving}, timeout=CLIENT_POLL_S))[0]:
+                self._check_client(request)
+            received = receiving.result()
         except ImportRefused as exc:
             log.warning(
                 "kv_import_refused transfer_id=%s request_id=%s model=%s detail=%s",
@@ -414,6 +428,11 @@ class ReferenceEngine(Responses):
                 exc,
             )
             raise
+        finally:
+            if not receiving.done():
+                receiving.cancel()
+                with contextlib.suppress(asyncio.CancelledError, TransferError):
+                    await receiving
         manifest = received.header.manifest
         if manifest.prompt_digest != kvstate.prompt_digest(sess.prompt_ids):
             raise TransferRejected("prompt: the transfer's KV was computed for a different prompt")

@@ -36,6 +36,7 @@ from pdproto.kv import (
     KV_REJECTED,
     KV_TIMEOUT,
     KV_TRANSFER_FAILED,
+    KV_UNREACHABLE,
 )
 
 
@@ -57,6 +58,12 @@ class TransferPeerRefused(TransferRejected):
     """The KV receiver and this sender do not accept each other (TLS or allowlist)."""
 
     reason = KV_PEER_REFUSED
+
+
+class TransferUnreachable(TransferError):
+    """The KV receiver could not be reached at all (down, or the path to it cut)."""
+
+    reason = KV_UNREACHABLE
 
 
 class TransferCorrupt(TransferError):

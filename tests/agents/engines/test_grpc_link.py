@@ -5,6 +5,7 @@ byte is used; ``pdbridge verify`` reports the match as JSON."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -112,6 +113,32 @@ def test_a_prefill_engine_off_the_receivers_allowlist_is_told_at_once_and_why(
     )
     assert refused >= 1  # the engine's own /metrics counts whom its listener refused
     assert "prefill-a" in allowlisted_decode.log.read_text()
+
+
+def test_a_kv_receiver_out_of_reach_is_kv_unreachable_before_the_deadline(engine_pair):
+    """Nothing listens at the decode site's KV address (receiver down, path cut): the prefill
+    engine answers 503 ``kv_unreachable`` once the link's ``unreachable_ms`` (3 s) has passed,
+    before its 4 s deadline would say ``kv_timeout``, and counts it by that name."""
+    prefill, _ = engine_pair
+    with socket.socket() as hold:
+        hold.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{hold.getsockname()[1]}"
+    body = {"model": "gemma3", "prompt": "x" * 50, "max_tokens": 3, "temperature": 0}
+
+    started = time.monotonic()
+    status, _, data = prefill_leg(prefill.url, body, f"u-{uuid.uuid4().hex}", nowhere)
+    elapsed = time.monotonic() - started
+    _, metrics = get(f"{prefill.url}/metrics")
+
+    assert status == 503
+    assert data["error"]["type"] == "kv_transfer_error"
+    assert data["error"]["code"] == "kv_unreachable", data
+    assert f"receiver {nowhere} unreachable for 3000 ms" in data["error"]["message"]
+    assert elapsed >= 3.0 * 0.9
+    sent = metric(
+        metrics, "pdbridge:kv_transfers_total", direction="send", outcome="kv_unreachable"
+    )
+    assert sent >= 1
 
 
 def test_verify_cli_reports_match_as_json(engine_pair, grpc_decode, tmp_path):

@@ -14,7 +14,7 @@ import pytest
 from agents.engines.verify import make_prompt
 from tests.agents.engines.client import decode_leg, get, metric, post, prefill_leg
 from tests.agents.engines.conftest import serve_expecting_exit
-from tests.support import deadline_in
+from tests.support import deadline_in, wait_for
 
 
 def _sse_events(raw: str) -> list[str]:
@@ -317,6 +317,44 @@ def test_concurrent_requests_are_queued_and_all_served(engine_pair):
     assert max(r for r, _ in samples) == 4  # max_num_seqs
     assert max(w for _, w in samples) >= 1  # the rest waited, and the gauge said so
     assert samples[-1] == (0.0, 0.0) or all(s <= 4 for s, _ in samples)
+
+
+def test_a_decode_leg_whose_caller_hung_up_stops_waiting_for_its_kv(grpc_decode):
+    """The gateway gave up on a decode leg (it fell back or failed over, closing the leg's
+    connection) whose KV has not come: the engine stops waiting within a poll instead of at
+    the 60 s deadline, freeing the slot that the request's fallback queues for."""
+    _, before = get(f"{grpc_decode.url}/metrics")
+    body = {
+        "model": "dense", "prompt": "nobody prefills this", "max_tokens": 3, "temperature": 0,
+        "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": f"gone-{uuid.uuid4().hex}",
+                               "deadline_s": 60},
+    }  # fmt: skip
+    payload = json.dumps(body).encode()
+    host, port = grpc_decode.url.removeprefix("http://").split(":")
+    cancelled = "pdbridge:requests_cancelled_total"
+
+    def waiting_now() -> float:
+        return metric(get(f"{grpc_decode.url}/metrics")[1], "vllm:num_requests_running",
+                      model_name="dense")  # fmt: skip
+
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        wait_for(lambda: waiting_now() >= 1, 30, 0.05, what="the decode leg holding its slot")
+    hung_up = time.monotonic()
+
+    def freed() -> bool:
+        text = get(f"{grpc_decode.url}/metrics")[1]
+        return metric(text, cancelled, model_name="dense") > metric(
+            before, cancelled, model_name="dense"
+        )
+
+    wait_for(freed, 30, 0.05, what="the engine noticing the caller left")
+    assert time.monotonic() - hung_up < 10  # a poll, not the 60 s KV deadline
+    assert waiting_now() == 0
 
 
 def test_client_disconnect_cancels_work(engine_pair):

@@ -307,20 +307,22 @@ def test_fallback_budget_exhausted_gives_503_with_retry_after():
     assert "pdbridge_gateway_fallback_budget_rejections_total 6.0" in metrics
 
 
-def test_a_prefill_engine_refused_by_the_kv_receiver_falls_back_with_that_cause():
+@pytest.mark.parametrize("code", ["kv_peer_refused", "kv_unreachable"])
+def test_a_prefill_engine_refused_by_or_cut_from_the_kv_receiver_falls_back_with_that_cause(code):
     """The prefill engine's 503 ``kv_peer_refused`` (TLS or allowlist between it and the
-    decode site's receiver) is a certificate to fix, told apart from other prefill errors."""
+    decode site's receiver: a certificate to fix) or ``kv_unreachable`` (it could not reach
+    the receiver: down, or the path cut) is told apart from other prefill errors."""
 
     async def scenario():
         async with gateway_env() as env:
             env.prefill.fail_status = 503
-            env.prefill.fail_code = "kv_peer_refused"
+            env.prefill.fail_code = code
             return await env.post(completion(LONG)), await env.metrics()
 
     (status, headers, _), metrics = run(scenario())
 
     assert (status, headers["x-pdbridge-path"]) == (200, "fallback")
-    assert 'pdbridge_gateway_fallbacks_total{cause="kv_peer_refused"} 1.0' in metrics
+    assert f'pdbridge_gateway_fallbacks_total{{cause="{code}"}} 1.0' in metrics
     assert 'pdbridge_gateway_fallbacks_total{cause="prefill_error"} 0.0' in metrics
 
 

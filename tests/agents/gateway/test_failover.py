@@ -186,8 +186,17 @@ def test_a_slow_site_fails_over_to_the_next_one_within_its_site_timeout(tmp_path
     _no_double_serving(docs, moved)
 
 
-def test_a_refusing_site_fails_over_at_once_and_names_its_cause(tmp_path, procs):
-    gateway, journals = _two_sites(tmp_path, procs, fail_status=503)
+@pytest.mark.parametrize(
+    ("answer", "cause"),
+    [
+        ({}, "prefill_error"),
+        # Its engine could not reach the decode site's KV receiver: its own path is cut, the
+        # other site's may not be.
+        ({"fail_code": "kv_unreachable"}, "kv_unreachable"),
+    ],
+)
+def test_a_refusing_site_fails_over_at_once_and_names_its_cause(tmp_path, procs, answer, cause):
+    gateway, journals = _two_sites(tmp_path, procs, fail_status=503, **answer)
 
     async def scenario() -> tuple[Any, ...]:
         await until(gateway.url + "/health", lambda s, h: s == 200 and h["status"] == "ok")
@@ -200,10 +209,10 @@ def test_a_refusing_site_fails_over_at_once_and_names_its_cause(tmp_path, procs)
 
     assert Counter((r["status"], r["complete"]) for r in results) == {(200, True): 12}
     assert Counter((r["path"], r["site"]) for r in results) == {("remote", "west"): 12}
-    moved = Counter(r["failover"] for r in results)[("east", "prefill_error")]
+    moved = Counter(r["failover"] for r in results)[("east", cause)]
     assert moved >= 1
     assert max(r["seconds"] for r in results) < PREFILL_TIMEOUT_S / 2
-    labels = {"from_site": "east", "to_site": "west", "cause": "prefill_error"}
+    labels = {"from_site": "east", "to_site": "west", "cause": cause}
     assert metric(metrics, "pdbridge_gateway_prefill_failovers_total", **labels) == moved
     assert metric(metrics, "pdbridge_gateway_fallbacks_total") == 0
     east = [leg for leg in docs["east"] if leg["leg"] == "prefill"]
