@@ -454,6 +454,7 @@ def canary(ctx: StepContext) -> StepResult:
     waits, by re-checks, for its end: succeeded -> the deployment is ``active``; rolled back
     -> this run ends rolled back too (remote share is already 0 %)."""
     deployment = _deployment(ctx)
+    _deploying(deployment)  # a retry after a rolled-back canary left it failed
     run_id = ctx.evidence.get("canary_run")
     earlier: list[int] = list(ctx.evidence.get("earlier_canaries", []))
     if run_id is not None and ctx.evidence.get("execution") != ctx.execution:

@@ -11,7 +11,7 @@ import pytest
 from console.deployments import flows
 from console.deployments.services import deployment_transition
 from console.runs.models import WorkflowRun
-from orchestrator.steps import RollBack, StepContext, Wait
+from orchestrator.steps import Done, RollBack, StepContext, Wait
 from orchestrator.workflows.deploy import canary
 from tests.console.factories import make_deployment
 
@@ -47,3 +47,13 @@ def test_a_retry_after_a_rolled_back_canary_starts_a_new_one():
     assert new != old
     assert retried.evidence["earlier_canaries"] == [old]
     assert flows.active_run(dep, flows.CANARY_KIND).pk == new
+    dep.refresh_from_db()
+    assert dep.state == "deploying"  # back from failed: the retry is a deployment again
+
+    # The new canary passes: the deployment ends active (a retry of step 8 used to end in
+    # "Conflict: A deployment cannot go from failed to active", seen on the netns testbed).
+    WorkflowRun.objects.filter(pk=new).update(state="succeeded")
+    done = canary(context(dep.pk, retried.evidence, "s8.2000"))
+    assert isinstance(done, Done)
+    dep.refresh_from_db()
+    assert dep.state == "active"
