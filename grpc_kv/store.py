@@ -96,6 +96,9 @@ class _Transfer:
     placements: dict[int, tuple[str, int, int, bool]] = field(default_factory=dict)
     coverage: Coverage | None = None
     finished: bool = False
+    #: The accepted trailer (chunk count, raw bytes, digest): a repeated Finish is answered
+    #: from it once the transfer has ended.
+    trailer: tuple[int, int, int] | None = None
     failed: str | None = None
     discard: bool = False
     consumers: int = 0
@@ -117,6 +120,7 @@ class TransferStore:
         self.transfers: dict[str, _Transfer] = {}
         self.memory_in_use = 0
         self._ended: OrderedDict[str, str] = OrderedDict()  # id -> "completed" | failure reason
+        self._trailers: dict[str, tuple[int, int, int]] = {}  # completed id -> its trailer
         self._reaper: asyncio.Task[None] | None = None
         self._warned_unverified: set[str] = set()  # peers already warned about checksum none
 
@@ -166,8 +170,11 @@ class TransferStore:
         self._release(transfer, transfer.held)
         transfer.pending.clear()
         self._ended[transfer.transfer_id] = outcome
+        if outcome == "completed" and transfer.trailer is not None:
+            self._trailers[transfer.transfer_id] = transfer.trailer
         while len(self._ended) > self.options.remember_completed:
-            self._ended.popitem(last=False)
+            forgotten, _ = self._ended.popitem(last=False)
+            self._trailers.pop(forgotten, None)
 
     def _fail(self, transfer: _Transfer, reason: str) -> None:
         if transfer.failed or (transfer.finished and transfer.delivered == transfer.contiguous):
@@ -411,6 +418,15 @@ class TransferStore:
         return coverage
 
     def finish(self, trailer: Any) -> Any:
+        stated = (trailer.chunk_count, trailer.raw_bytes, trailer.digest)
+        if (
+            trailer.transfer_id not in self.transfers
+            and self._trailers.get(trailer.transfer_id) == stated
+        ):
+            # The same trailer again, after the transfer completed: the answer to the first
+            # Finish was lost on its way back (a connection dropped under it) and the sender
+            # asks again. Refusing it would fail a transfer that was delivered.
+            return pb.FinishReply(ok=True)
         transfer = self.lookup(trailer.transfer_id)
         missing = [s for s in range(trailer.chunk_count) if s not in transfer.checksums]
         if missing:
@@ -432,6 +448,7 @@ class TransferStore:
             self._fail(transfer, f"layer coverage: {incomplete}")
             raise BeginRefused(grpc.StatusCode.DATA_LOSS, f"layer coverage: {incomplete}")
         transfer.finished = True
+        transfer.trailer = stated
         transfer.progress = time.monotonic()
         transfer.changed.set()
         if transfer.discard:

@@ -18,7 +18,7 @@ from grpc_kv.api import (
     TransferTimeout,
     open_transfer,
 )
-from grpc_kv.faultproxy import Bandwidth, FaultProxy, Flip
+from grpc_kv.faultproxy import Bandwidth, FaultProxy, Flip, Latency
 from tests.grpc_kv.kvtest import INSECURE, make_header, receiver, run
 from tests.support import connections_to
 
@@ -252,6 +252,49 @@ def test_a_slow_link_is_not_unreachable_and_a_short_cut_on_it_resumes():
 
     assert got == data
     assert summary.resumes >= 1
+
+
+def test_a_finish_whose_answer_is_lost_is_asked_again_and_the_delivered_transfer_completes():
+    """The receiver accepts the trailer, its consumer reads everything (the transfer ends
+    there), and the connection drops before the answer reaches the sender: the sender asks
+    again and is told ok -- not "has ended", which failed a transfer that was delivered (seen
+    when a flipped TLS record dropped a vLLM producer's connection under its Finish)."""
+    options = LinkOptions(
+        chunk_size_bytes=64 * 1024, compression="none", connections=1, timeout_ms=60000,
+        rpc_timeout_ms=10000,
+    )  # fmt: skip
+    data = os.urandom(256 * 1024)
+
+    async def scenario():
+        async with receiver() as (server, target):
+            proxy, via = await proxied(target)
+            # Every answer spends 0.4 s on the way back: the cut lands while Finish's is on it.
+            proxy.add(Latency(direction="downstream", ms=400))
+            header = make_header({"kv": len(data)})
+
+            async def consume():
+                got = bytearray()
+                async with await server.open(header.transfer_id, 60.0) as reader:
+                    async for segment in reader:
+                        got += segment.data
+                proxy.cut("reset")  # the transfer has ended at the receiver: now drop the path
+                proxy.restore()
+                return bytes(got)
+
+            consumer = asyncio.create_task(consume())
+            async with open_transfer(via, header, options, INSECURE) as tx:
+                await tx.send_layer("kv", data)
+                summary = await tx.finish()
+            got = await consumer
+            resets = proxy.stats.resets
+            await proxy.stop()
+            return summary, got, resets
+
+    summary, got, resets = run(scenario())
+
+    assert resets >= 1  # the answer to the first Finish was on the dropped connection
+    assert got == data
+    assert summary.bytes_raw == len(data)
 
 
 def test_every_way_a_transfer_ends_closes_its_connections_without_the_cyclic_gc():

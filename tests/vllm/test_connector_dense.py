@@ -15,7 +15,16 @@ import pytest
 
 from grpc_kv.faultproxy import Bandwidth, FaultProxy, Flip
 from tests.support import deadline_in
-from tests.vllm.conftest import MODELS, Pair, metric_sum, metrics, post, prompt_of, tokens_and_top5
+from tests.vllm.conftest import (
+    MODELS,
+    Engine,
+    Pair,
+    metric_sum,
+    metrics,
+    post,
+    prompt_of,
+    tokens_and_top5,
+)
 
 ARCH = "qwen3"
 BLOCK = 128  # vLLM's CPU block size
@@ -42,21 +51,36 @@ def _step(url: str) -> None:
     assert status == 200, answer
 
 
-def wait_count(url: str, name: str, above: float, timeout_s: float = 120.0) -> float:
+def _why_not(engine: Engine) -> str:
+    """What an engine says of its failed transfers: a counter that does not move may be a
+    transfer that failed (only acknowledged transfers add their resends)."""
+    failed = [
+        line.split("pdbridge_kv_send_failed", 1)[1].strip()
+        for line in engine.log.read_text(errors="replace").splitlines()
+        if "pdbridge_kv_send_failed" in line
+    ]
+    count = connector_count(engine.url, "transfers_failed")
+    return f"transfers_failed {count:g}; last failures: {failed[-3:] or 'none logged'}"
+
+
+def wait_count(engine: Engine, name: str, above: float, timeout_s: float = 120.0) -> float:
     """The connector counter once it exceeds ``above``: vLLM exports connector stats with the
     engine step that reports the transfer done, then its stats logger, so they lag the answer."""
     deadline = deadline_in(timeout_s)
-    while (value := connector_count(url, name)) <= above:
-        assert time.monotonic() < deadline, f"{name} stayed at {value} (> {above} expected)"
+    while (value := connector_count(engine.url, name)) <= above:
+        if time.monotonic() >= deadline:
+            pytest.fail(f"{name} stayed at {value} (> {above} expected); {_why_not(engine)}")
         time.sleep(0.5)
-        _step(url)
+        _step(engine.url)
     return value
 
 
-def wait_resent(url: str, above: float, timeout_s: float = 120.0) -> None:
+def wait_resent(producer: Engine, above: float, timeout_s: float = 120.0) -> None:
     deadline = deadline_in(timeout_s)
+    url = producer.url
     while connector_count(url, "retransmits") + connector_count(url, "resumes") <= above:
-        assert time.monotonic() < deadline, "no chunk was sent again"
+        if time.monotonic() >= deadline:
+            pytest.fail(f"no chunk was sent again; {_why_not(producer)}")
         time.sleep(0.5)
         _step(url)
 
@@ -85,7 +109,7 @@ def test_remote_prefill_equals_local_tokens_and_top5(pair: Pair, tokens: int) ->
     # The decode engine loaded the whole prompt over the link (it computes nothing of it
     # but the last token again, which vLLM always does on a full hit).
     assert external_tokens(pair) - before == n
-    assert wait_count(pair.consumer.url, "loads", loads) == loads + 1
+    assert wait_count(pair.consumer, "loads", loads) == loads + 1
 
 
 @pytest.mark.slow
@@ -107,7 +131,7 @@ def test_fingerprint_mismatch_is_refused_before_any_block_and_recomputed(pair: P
     remote, _, _ = pair.remote(prompt, fault="fingerprint")
     assert_same(local, remote)  # recomputed locally: right tokens, nothing loaded
     assert external_tokens(pair) == before
-    assert wait_count(pair.consumer.url, "loads_failed", failed) == failed + 1
+    assert wait_count(pair.consumer, "loads_failed", failed) == failed + 1
     assert "kv_fingerprint_mismatch" in pair.consumer.log_text()
 
 
@@ -176,7 +200,7 @@ def test_corrupted_chunks_are_resent_never_imported(pair: Pair, proxy: _ProxyThr
     assert external_tokens(pair) > loaded  # loaded over the link, not recomputed
     # The damaged connection's chunks went again: on another connection (a resume) or the
     # same one (a retransmit).
-    wait_resent(pair.producer.url, resent)
+    wait_resent(pair.producer, resent)
 
 
 @pytest.mark.slow
@@ -206,7 +230,7 @@ def test_link_cut_mid_transfer_resumes_with_the_same_tokens(
     thread.join(timeout=300)
     assert_same(local, done["answer"])
     assert external_tokens(pair) > loaded  # loaded over the link, not recomputed
-    wait_count(pair.producer.url, "resumes", resumes)
+    wait_count(pair.producer, "resumes", resumes)
 
 
 @pytest.mark.slow
