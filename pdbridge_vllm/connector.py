@@ -72,6 +72,22 @@ log = logging.getLogger("vllm.pdbridge")  # under vLLM's logger: its handler and
 BlockIds = tuple[list[int], ...]
 
 
+def _route_link_logs() -> None:
+    """The KV link's own lines (``grpc_kv``: retries, resumes, refusals at INFO) through
+    vLLM's handler and format, beside the connector's: without this only its warnings
+    reached the log, in Python's bare default format, and a slow transfer said nothing."""
+    link, engine = logging.getLogger("grpc_kv"), logging.getLogger("vllm")
+    if link.handlers or not engine.handlers:
+        return
+    for handler in engine.handlers:
+        link.addHandler(handler)
+    link.setLevel(logging.INFO)
+    link.propagate = False
+
+
+_route_link_logs()
+
+
 class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
     """See the module docstring."""
 
@@ -105,6 +121,9 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
         self._tokens: dict[str, int] = {}
         self._faults: dict[str, str] = {}
         self._ended: dict[str, Outgoing] = {}
+        # Requests whose blocks the scheduler holds (request_finished answered True) but that
+        # have no transfer to wait for (it never opened): reported finished at the next poll.
+        self._released: set[str] = set()
         self._in: dict[str, Incoming] = {}
 
     # ------------------------------------------------------------------ scheduler side
@@ -389,6 +408,8 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         results = KVConnectorTransferResults()
+        results.finished_sending.update(self._released)
+        self._released.clear()
         for req_id, out in list(self._ended.items()):
             if out.done.is_set():
                 del self._ended[req_id]
@@ -496,6 +517,8 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
         if out is None or self._layout is None:
             for k in keys:
                 del self._next[k]
+            if end.ok:
+                self._released.add(end.req_id)
             return
         first_state = next(
             (p for g in self._layout.groups if g.kind == "state" for p in g.layers), None
@@ -523,7 +546,11 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
             del self._next[k]
         self._tokens.pop(end.req_id, None)
         self._faults.pop(end.req_id, None)
-        self._ended[end.req_id] = out
+        if end.ok:
+            self._ended[end.req_id] = out
+        # else: the scheduler freed the aborted request's blocks already (request_finished
+        # answered False); reporting it in finished_sending would name a request vLLM no
+        # longer knows (its scheduler asserts on that and the EngineCore dies).
 
     def _start_load(self, load: LoadStart) -> None:
         if self._runtime is None or self._layout is None or self._fingerprint is None:

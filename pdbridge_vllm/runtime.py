@@ -166,6 +166,7 @@ class Outgoing:
         # Bound to the loop on first use (Python >= 3.10), so made here without a round trip.
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._ended = False
+        self._cancelled: str | None = None
         runtime.spawn(self._run())
 
     def send(self, name: str, data: bytes, final: bool) -> None:
@@ -182,6 +183,9 @@ class Outgoing:
     def cancel(self, reason: str) -> None:
         if not self._ended:
             self._ended = True
+            # Read by the loop before its next layer too: the pages queued before the cancel
+            # are not sent (on a slow link that is seconds of bytes nobody will read).
+            self._cancelled = reason
             self.runtime.loop.call_soon_threadsafe(self._queue.put_nowait, reason)
 
     async def _run(self) -> None:
@@ -194,6 +198,8 @@ class Outgoing:
             ) as tx:
                 while True:
                     item = await self._queue.get()
+                    if self._cancelled is not None:
+                        item = self._cancelled
                     if item is _FINISH:
                         self.summary = await tx.finish()
                         break
