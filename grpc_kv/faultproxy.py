@@ -9,7 +9,8 @@
 
 Toxics (each has ``direction``: ``upstream`` = client->server, ``downstream``, or ``both``):
 :class:`Latency`, :class:`Bandwidth`, :class:`Slicer`, :class:`Flip` (one byte at chosen
-offsets, or after each distinct occurrence of a pattern), :class:`CloseAfter` (close the
+offsets, or after each distinct occurrence of a pattern), :class:`Drop` (lose the reads
+holding a pattern, keep the connection), :class:`CloseAfter` (close the
 connection after N bytes). Cuts: ``reset`` closes every connection with RST and refuses
 new ones, ``blackhole`` keeps connections open but drops everything (a dead path whose endpoints
 never learn it; bytes sent meanwhile are lost, so those connections stay broken after
@@ -165,6 +166,29 @@ class Flip(Toxic):
             self._seen.add(key)
             data[end + self.at] ^= self.mask
             self.flipped += 1
+
+
+@dataclass
+class Drop(Toxic):
+    """Drop each whole read that holds ``pattern``, at most ``limit`` of them, and go on
+    forwarding: a path that lost some frames yet kept the connection (what a black hole
+    restored leaves behind for the frames sent during it). Reads follow the peer's writes,
+    so a dropped read is usually whole frames and the stream stays parseable."""
+
+    pattern: bytes = b""
+    limit: int = 1
+    dropped: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.pattern:
+            raise ValueError("pattern: required (the bytes whose read is dropped)")
+
+    def drops(self, data: bytes | bytearray) -> bool:
+        if self.dropped >= self.limit or self.pattern not in data:
+            return False
+        self.dropped += 1
+        return True
 
 
 @dataclass
@@ -398,6 +422,9 @@ class FaultProxy:
                 for toxic in self._active(direction):
                     if isinstance(toxic, Flip):
                         toxic.transform(buf, offset)
+                if any(isinstance(t, Drop) and t.drops(buf) for t in self._active(direction)):
+                    offset += len(buf)
+                    continue
                 closing = None
                 for toxic in self._active(direction):
                     if isinstance(toxic, CloseAfter) and offset + len(buf) >= toxic.bytes:

@@ -163,6 +163,11 @@ def _enum(kind: Any, value: Any, name: str) -> Any:
         raise ValueError(f"{name}: {value!r} is not one of {choices}") from None
 
 
+#: The shortest time a connection attempt gets before gRPC gives up on it and tries again:
+#: a few WAN round trips of handshakes with room for a busy host.
+CONNECT_TIMEOUT_MS = 5000
+
+
 def grpc_options(max_message: int, keepalive_ms: int = 10_000) -> list[tuple[str, Any]]:
     """Channel/server options shared by both ends: message size for big chunks, keepalive
     so a silently dead WAN path is noticed, and a connection of its own per channel (the
@@ -183,6 +188,11 @@ def grpc_options(max_message: int, keepalive_ms: int = 10_000) -> list[tuple[str
         # Reconnect quickly after a cut is restored: the default 1 s+ backoff would eat
         # most of a 4 s transfer deadline.
         ("grpc.initial_reconnect_backoff_ms", 100),
-        ("grpc.min_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 1000),
+        # Not a backoff: gRPC core gives each connection attempt (TCP, TLS handshake, HTTP/2
+        # settings) at least this long (grpc/grpc#12830, #33423). At 100 ms, mTLS handshakes
+        # across a WAN or a loaded host were cut short ("Handshake read failed (Endpoint
+        # closing)", "timed out before receiving SETTINGS frame") until the transfer's
+        # deadline passed.
+        ("grpc.min_reconnect_backoff_ms", CONNECT_TIMEOUT_MS),
     ]

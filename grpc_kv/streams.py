@@ -165,6 +165,10 @@ class ChunkStreams:
                 return
             self._inflight.pop(chunk.seq, None)
             if counts:
+                # Handed to a connection that broke or answered corrupt: its next write is a
+                # resend, also when this write raised before returning (a stream that died
+                # under it), so ``retransmits`` counts it.
+                chunk.sends = max(chunk.sends, 1)
                 chunk.attempts += 1
                 if chunk.attempts > self.options.retry:
                     self._fail(
@@ -357,9 +361,9 @@ class ChunkStreams:
                     await self._requeue_connection(index)
                     return
                 self._failing_since = None  # heard from: any outage is over
-                await self._on_ack(self._matched(ack, sent))
+                await self._answered(ack, sent)
                 while ready is not None and (ack := ready()) is not None:
-                    await self._on_ack(self._matched(ack, sent))
+                    await self._answered(ack, sent)
                 read = asyncio.ensure_future(call.read())
         finally:
             # A read given up on may still end with the call's error (cancelling it races
@@ -369,16 +373,41 @@ class ChunkStreams:
             read.cancel()
             del call, read, ready  # see _stream
 
-    def _matched(self, ack: Any, sent: deque[OutChunk]) -> Any:
-        """The ack as an answer to the oldest chunk unanswered on its stream. One that names
-        another seq answers that chunk all the same, whose head (its seq) was damaged on the
-        way: it is taken as ACK_CORRUPT for it, so the chunk is resent at once instead of
-        waiting, unanswered, for the stall timeout."""
-        if not sent:
-            return ack
+    async def _answered(self, ack: Any, sent: deque[OutChunk]) -> None:
+        """Apply an ack as the answer to the oldest chunk unanswered on its stream, which the
+        receiver answers one by one in the order written. Where the ack names another seq:
+
+        * a verified "ok" for a chunk further down the stream: the answers to the chunks
+          before it -- or those chunks themselves -- were lost in flight (a path that dropped
+          whole frames and went on); those chunks go again and the ack is applied to the chunk
+          it names. Taking it as the oldest chunk's answer instead would put every later
+          answer on this stream one chunk off, each taken for corrupt, until the chunks ran
+          out of retries. Only an "ok" is verified (the checksum covers the seq); a "busy" is
+          answered before the checksum, and with ``checksum: none`` nothing is.
+        * otherwise: the oldest chunk's head -- its seq -- was damaged on the way (the
+          receiver answers such a chunk corrupt, under the damaged seq); it is resent at once
+          instead of waiting, unanswered, for the stall timeout."""
+        if not sent or ack.seq == sent[0].seq:
+            if sent:
+                sent.popleft()
+            await self._on_ack(ack)
+            return
+        position = next((i for i, c in enumerate(sent) if c.seq == ack.seq), None)
+        if ack.status == pb.ACK_OK and not self._unverified and position is not None:
+            lost = [sent.popleft() for _ in range(position)]
+            sent.popleft()
+            log.warning(
+                "ack_skipped transfer_id=%s seqs=%s answered=%d detail=%s",
+                self.header.transfer_id,
+                ",".join(str(c.seq) for c in lost),
+                ack.seq,
+                "their answers or the chunks were lost in flight; resending them",
+            )
+            for chunk in lost:
+                await self._requeue(chunk, counts=True)
+            await self._on_ack(ack)
+            return
         expected = sent.popleft()
-        if ack.seq == expected.seq:
-            return ack
         log.warning(
             "ack_mismatch transfer_id=%s seq=%d answered_as=%d detail=%s",
             self.header.transfer_id,
@@ -386,10 +415,12 @@ class ChunkStreams:
             ack.seq,
             "the chunk's head was damaged in flight; resending it",
         )
-        return pb.Ack(
-            seq=expected.seq,
-            status=pb.ACK_CORRUPT,
-            detail=f"answered as seq {ack.seq}: the chunk's head was damaged in flight",
+        await self._on_ack(
+            pb.Ack(
+                seq=expected.seq,
+                status=pb.ACK_CORRUPT,
+                detail=f"answered as seq {ack.seq}: the chunk's head was damaged in flight",
+            )
         )
 
     async def _on_ack(self, ack: Any) -> None:
