@@ -47,7 +47,7 @@ from pdbridge_vllm import stats as connector_stats
 from pdbridge_vllm.config import FAULTS, ConnectorConfig, model_fingerprint, parse_fingerprint
 from pdbridge_vllm.layout import LAYOUT_ATTR, GroupLayout, KvLayout, LayerPages, cdiv, state_kind
 from pdbridge_vllm.metadata import LoadStart, PdbridgeMetadata, SaveEnd, SaveStep
-from pdbridge_vllm.pages import NULL_BLOCK, PageWriter, page_bytes
+from pdbridge_vllm.pages import NULL_BLOCK, PageWriter, page_bytes, request_amx_permission
 from pdbridge_vllm.runtime import Incoming, Outgoing, Runtime
 from pdproto.http import clip_request_id
 from pdproto.kv import (
@@ -313,6 +313,7 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
         self._caches = {
             name: list(t) if isinstance(t, (list, tuple)) else [t] for name, t in kv_caches.items()
         }
+        request_amx_permission(self._caches)
         groups = []
         for gid in self._group_ids:
             group = self._kv_cache_config.kv_cache_groups[gid]

@@ -77,3 +77,18 @@ class PageWriter:
                 dst = tensor[block]
                 dst.copy_(src[k * size : (k + 1) * size].view(dst.dtype).view(dst.shape))
         self._written[name] += whole
+
+
+def request_amx_permission(caches: dict[str, list[torch.Tensor]]) -> bool:
+    """On x86 CPUs with AMX, ask Linux for the AMX tile state (``arch_prctl``) for this
+    process when the KV cache lives in host memory; returns whether it was asked.
+
+    vLLM's CPU attention runs AMX instructions for bf16 KV, and Linux allows them only after
+    the process asked. torch's oneDNN asks on its first large bf16 matmul, which a local
+    prefill provides; a decode engine whose first request is a remote one computes a single
+    token (no such matmul) and its first attention call died of SIGILL ("Fatal Python error:
+    Illegal instruction" in ``cpu_attention_with_kv_cache``, 2026-12-04)."""
+    on_host = any(t.device.type == "cpu" for tensors in caches.values() for t in tensors)
+    if not on_host or not torch.cpu._is_amx_tile_supported():
+        return False
+    return bool(torch.cpu._init_amx())
