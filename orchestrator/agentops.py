@@ -58,6 +58,7 @@ _ORCHESTRATOR_KEYS = {
     "kv_insecure",
     "http_insecure",
     "engine_host",
+    "vllm_args",
     *_ENGINE_EXTRA,
 }
 
@@ -95,6 +96,16 @@ class Target:
     hostname: str
     agent_address: str
     settings: dict[str, Any] = field(default_factory=dict)
+    model_name: str = ""  # the catalog's name of the deployment's model
+
+    @property
+    def served_model(self) -> str:
+        """The model id the engine serves: a vLLM engine serves the catalog's name (its
+        ``model`` is a checkpoint path); the reference engine the name of ``name=spec``."""
+        if self.settings.get("engine") == "vllm" and self.model_name:
+            return self.model_name
+        spec = str(self.settings["model"])
+        return spec.split("=", 1)[0] if "=" in spec else spec.split("@", 1)[0]
 
     @property
     def host(self) -> str:
@@ -187,7 +198,16 @@ def targets(config: dict[str, Any], role: str) -> list[Target]:
         for node in pool["nodes"]:
             if not node.get("agent_address"):
                 raise AgentOpsError(f"nodes.{node['hostname']}.agent_address: empty")
-            out.append(Target(role, pool["site"], node["hostname"], node["agent_address"], merged))
+            out.append(
+                Target(
+                    role,
+                    pool["site"],
+                    node["hostname"],
+                    node["agent_address"],
+                    merged,
+                    str(config["model"].get("name") or ""),
+                )
+            )
     return out
 
 
@@ -257,6 +277,17 @@ def _vllm_launch(target: Target, config: dict[str, Any], launch: dict[str, Any])
     s = target.settings
     kvt = config["kv_transfer"]
     launch.pop("kv_connector_extra_config", None)
+    # Served under the catalog's name: the gateway and verification ask for that model.
+    launch["served_model_name"] = target.served_model
+    if s.get("max_model_len") is not None:
+        launch["max_model_len"] = s["max_model_len"]
+    vllm_args = s.get("vllm_args", [])
+    if not isinstance(vllm_args, list) or not all(isinstance(a, str) for a in vllm_args):
+        raise AgentOpsError(
+            f"engine_settings.vllm_args: a list of vllm serve arguments, got {vllm_args!r}"
+        )
+    if vllm_args:
+        launch["extra_args"] = list(vllm_args)
     if target.role == "decode":
         launch["kv_load_failure_policy"] = "fail"
     if kvt.get("mode") == "pull":

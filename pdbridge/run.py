@@ -53,6 +53,10 @@ def main(argv: list[str]) -> int:
     testbed = parser.add_argument_group("testbed (the default mode)")
     testbed.add_argument("--model", choices=["qwen3-next", "smollm2"], default="qwen3-next",
                          help="tiny hybrid reference model, or the real SmolLM2-135M checkpoint")  # fmt: skip
+    testbed.add_argument("--engine", choices=["reference", "vllm"], default="reference",
+                         help="both sites' engines: pdbridge's reference engine (starts in "
+                              "seconds), or real vLLM with pdbridge's KV connector (make "
+                              "vllm-env first; serves a tiny Gemma-3)")  # fmt: skip
     testbed.add_argument("--wan-mbit", type=float, default=200.0, help="WAN bandwidth (Mbit/s)")
     testbed.add_argument("--wan-latency-ms", type=float, default=10.0, help="WAN one-way latency")
     testbed.add_argument("--gateway-port", type=int, default=8080, help="0: any free port")
@@ -85,6 +89,12 @@ def main(argv: list[str]) -> int:
         parser.error(f"--remote-sites: 1 to 3 remote prefill sites, got {args.remote_sites}")
     if args.remote_sites != 1 and (args.console_only or args.check):
         parser.error("--remote-sites: the testbed's sites; not with --console-only or --check")
+    if args.engine != "reference" and (args.console_only or args.check):
+        parser.error("--engine: the testbed's engines; not with --console-only or --check")
+    if args.engine == "vllm" and args.model != "qwen3-next":
+        parser.error(
+            "--model: the reference engine's models; --engine vllm serves its own tiny Gemma-3"
+        )
     if not (args.console_only or args.check):
         from pdbridge import testbed as testbed_main
 

@@ -40,18 +40,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from agents.engines.reference import checkpoints
-from pdbridge import netns
+from pdbridge import netns, testbed_vllm
 from pdbridge.procgroup import ProcessGroups, become_subreaper, free_port, pinned_port, port_is_free
-from pdbridge.testbed_rows import (
-    DEMO_PARAMS,
-    MODELS,
-    DemoModel,
-    Layout,
-    Ports,
-    agent_config,
-    register,
-)
+from pdbridge.testbed_models import demo_model, demo_params, model_unavailable, model_weights_sha256
+from pdbridge.testbed_rows import Layout, Ports, agent_config, register
 
 REPO = Path(__file__).resolve().parents[1]
 #: The pause before retrying a failed deploy step doubles from this on each retry, up to the cap.
@@ -94,31 +86,6 @@ def _child_env(var_dir: Path, pki: dict[str, Path]) -> dict[str, str]:
         PDBRIDGE_CONTROLLER_TLS_KEY=str(pki["controller_key"]),
     )
     return env
-
-
-def model_unavailable(name: str) -> str:
-    """Why the testbed cannot serve ``--model name`` on this machine ("" when it can). Checked
-    before anything starts: SmolLM2 comes from packages that are not installed by default, and
-    without them the engines would fail minutes later, deep inside the deployment run."""
-    if name != checkpoints.REAL_SMOLLM2:
-        return ""
-    missing = checkpoints.smollm2_missing()
-    if not missing:
-        return ""
-    return (
-        f"--model smollm2: the real SmolLM2-135M-Instruct checkpoint is not available offline "
-        f"here (missing Python packages: {', '.join(missing)}). Install it with: "
-        f"{checkpoints.SMOLLM2_INSTALL}; or run the default tiny model (--model qwen3-next)."
-    )
-
-
-def model_weights_sha256(model: DemoModel) -> str:
-    """The sha256 of the demo model's weights file, as the agents and engines compute it: the
-    catalog row carries it so that the readiness checklist can compare every node's copy."""
-    from agents.weights import hash_files
-
-    path = checkpoints.zoo_dir(model.zoo) if model.zoo else checkpoints.smollm2_dir()
-    return hash_files([checkpoints.weights_file(path)[0]])
 
 
 def fresh_state(var_dir: Path) -> None:
@@ -303,7 +270,9 @@ def _follow(run_id: int, traffic: DemoTraffic, deadline: float, seen: dict[str, 
         time.sleep(0.5)
 
 
-def _deploy(deployment_id: int, traffic: DemoTraffic, timeout: float, retries: int) -> int:
+def _deploy(
+    deployment_id: int, traffic: DemoTraffic, timeout: float, retries: int, params: dict[str, Any]
+) -> int:
     """Start the deploy workflow and follow it; demo traffic runs once the gateway is up. A
     failed step is retried from that step up to ``retries`` times (what an operator would do
     after a transient failure on a loaded machine), visibly. Returns the run id; raises when
@@ -313,7 +282,7 @@ def _deploy(deployment_id: int, traffic: DemoTraffic, timeout: float, retries: i
     from console.runs import services as run_services
 
     deployment = Deployment.objects.get(pk=deployment_id)
-    run = flows.deployment_deploy(actor=None, deployment=deployment, params=DEMO_PARAMS)
+    run = flows.deployment_deploy(actor=None, deployment=deployment, params=params)
     deadline = time.monotonic() + timeout
     seen: dict[str, str] = {}
     for attempt in range(retries + 1):
@@ -365,7 +334,7 @@ def bring_up(
     var_dir = Path(args.var_dir).resolve()
     var_dir.mkdir(parents=True, exist_ok=True)
     fresh_state(var_dir)
-    model = MODELS[args.model]
+    model = demo_model(args)
     _say(f"state under {var_dir}; logs under {var_dir / 'logs'}")
     pki = make_pki(var_dir / "pki")
     if sites is not None:
@@ -391,6 +360,10 @@ def bring_up(
         if build.proc.returncode != 0:
             raise RuntimeError(f"weights not built: {build.tail()}")
         groups.children.remove(build)
+    if model.engine == "vllm":
+        _say("engines: vLLM with pdbridge's KV connector; building the tiny Gemma-3 checkpoint "
+             "(once, cached)")  # fmt: skip
+        testbed_vllm.build_checkpoint()
     check_stop()
 
     console_port = args.port or free_port(args.host)
@@ -459,7 +432,9 @@ def bring_up(
     # testbed's few requests are all worth a look on the trace pages.
     gateway_settings = var_dir / "sites" / "local" / "gateway.yaml"
     gateway_settings.parent.mkdir(parents=True, exist_ok=True)
-    gateway_settings.write_text("trace_ship_sample_rate: 1.0\ntrace_ship_interval_s: 1.0\n")
+    gateway_settings.write_text(
+        "trace_ship_sample_rate: 1.0\ntrace_ship_interval_s: 1.0\n" + model.gateway_settings
+    )
     rows = register(
         model, ports, pki, args.wan_mbit, layout, model_weights_sha256(model), gateway_settings
     )
@@ -474,6 +449,11 @@ def bring_up(
             out.write(token)
         agents_console = f"https://{layout.console_host}:{console_port}"
         config = agent_config(site, site_dir, pki, agents_console, token_file, ports, layout)
+        agent_env: dict[str, str] = {}
+        if model.engine == "vllm":
+            config = testbed_vllm.configure_agent(config)
+            # One core per site's engine: local (decode) core 0, the remote sites after it.
+            agent_env = testbed_vllm.engine_env(list(rows.tokens).index(site))
         config_path = site_dir / "agent.json"
         config_path.write_text(json.dumps(config, indent=2))
         info = site_dir / "state" / "agent.json"
@@ -482,6 +462,7 @@ def bring_up(
         agent = groups.start(
             f"agent-{site}",
             wrap(site, [py, "-m", "pdbridge.cli", "agent", "--config", str(config_path)]),
+            agent_env,
         )
         groups.wait_until(agent, info.exists, 60, "agent listening")
         addresses[site] = f"{layout.binds[site]}:{json.loads(info.read_text())['port']}"
@@ -493,7 +474,8 @@ def bring_up(
     gateway_url = f"https://{layout.hosts['local']}:{ports.gateway}"
     traffic = DemoTraffic(gateway_url, context, model.served)
     try:
-        run_id = _deploy(rows.deployment_id, traffic, args.deploy_timeout, args.deploy_retries)
+        run_id = _deploy(rows.deployment_id, traffic, args.deploy_timeout, args.deploy_retries,
+                         demo_params(model))  # fmt: skip
     finally:
         if traffic.started:
             traffic.stop()
@@ -526,7 +508,7 @@ def _print_ready(ready: Endpoints, password: str | None, model: Any) -> None:
 
 def main(args: Any) -> int:
     """Run the testbed until a signal; see the module docstring."""
-    unavailable = model_unavailable(args.model)
+    unavailable = model_unavailable(args)
     if unavailable:
         print(f"pdbridge run: {unavailable}", file=sys.stderr, flush=True)
         return 2

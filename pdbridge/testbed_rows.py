@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pdbridge.testbed_models import DemoModel
+
 if TYPE_CHECKING:
     from pdbridge.netns import NamespaceSites
 
@@ -18,86 +20,6 @@ SITES = ("local", "remote")
 #: The remote (prefill) sites' names, in order (``pdbridge run --remote-sites N``: the first N).
 REMOTE_SITES = ("remote", "remote-b", "remote-c")
 
-
-@dataclass(frozen=True)
-class DemoModel:
-    """A model the testbed can deploy: the engine's model spec, the catalog's architecture
-    (the capacity baseline reads it) and serving knobs that suit it on CPU."""
-
-    served: str
-    zoo: str  # architecture to generate with ``pdbridge engine build``; "" for a checkpoint
-    spec: str  # the engine's ``--model`` value
-    architecture: dict[str, Any]
-    parameter_count: int
-    timeout_ms: int
-    demo_prompt: str
-    #: The engine's context (prompt + output tokens): the gateway refuses longer requests and
-    #: caps its length estimates at it (``model.engine_settings.max_model_len``).
-    max_model_len: int
-    #: Characters per token of the model's tokenizer, for the gateway's length estimate
-    #: (``model.engine_settings.chars_per_token``).
-    chars_per_token: float
-
-
-MODELS: dict[str, DemoModel] = {
-    # Tiny Qwen3-Next-style hybrid (1 full-attention layer, 3 linear-attention layers), random
-    # weights: its answers are bytes, not words, but they round-trip their cache exactly.
-    "qwen3-next": DemoModel(
-        served="tiny",
-        zoo="qwen3-next",
-        spec="tiny=qwen3-next",
-        architecture={
-            "dtype_bytes": 4,
-            "layers": [
-                {"kind": "full", "count": 1, "kv_heads": 2, "head_dim": 16},
-                {
-                    "kind": "linear",
-                    "count": 3,
-                    "num_heads": 2,
-                    "key_head_dim": 16,
-                    "value_head_dim": 16,
-                    "conv_dim": 96,
-                    "conv_kernel": 4,
-                },
-            ],
-        },
-        parameter_count=1_000_000,
-        timeout_ms=15000,
-        # ~420 tokens (a byte each): over the remote threshold (64 tokens).
-        demo_prompt="Two datacenters, one answer: "
-        + "prefill over there, decode right here. " * 10,
-        # zoo.MAX_MODEL_LEN: what the reference engine serves a zoo model with.
-        max_model_len=8192,
-        # The zoo's byte-level tokenizer: one token per byte (ASCII: per character), + BOS.
-        chars_per_token=1.0,
-    ),
-    # The real SmolLM2-135M-Instruct checkpoint (needs the ``real`` extra): readable answers.
-    "smollm2": DemoModel(
-        served="smollm2",
-        zoo="",
-        spec="smollm2=smollm2",
-        architecture={
-            "dtype_bytes": 4,
-            "layers": [{"kind": "full", "count": 30, "kv_heads": 3, "head_dim": 64}],
-        },
-        parameter_count=135_000_000,
-        timeout_ms=60000,
-        demo_prompt="Explain in a few sentences why the sky is blue, and why sunsets are red. " * 5,
-        # The checkpoint's max_position_embeddings.
-        max_model_len=8192,
-        # Its BPE tokenizer on English text: ~4 characters a token.
-        chars_per_token=4.0,
-    ),
-}
-
-#: Deploy workflow parameters of the demo: short probes and checks, a quick canary re-check.
-DEMO_PARAMS: dict[str, Any] = {
-    "probe_seconds": 1,
-    "verify_lengths": [40, 200],
-    "verify_deadline_s": 60,
-    "recheck_s": 1,
-    "canary": {"recheck_s": 1},
-}
 
 DEPLOYMENT = "demo"
 
@@ -244,7 +166,7 @@ def register(
         name=DEPLOYMENT,
         model=spec,
         remote_prefill_threshold_tokens=64,
-        chunked_prefill_tokens=64,
+        chunked_prefill_tokens=model.chunked_prefill_tokens,
         timeout_ms=model.timeout_ms,
         # The engines' sends now use the deployment's chunk size: grpc_kv's measured 4 MiB,
         # not the 32 MiB default that ran ~5x slower through grpcio (docs/kv-link.md).
@@ -258,7 +180,7 @@ def register(
     )
     common: dict[str, Any] = {
         "model": model.spec,
-        "threads": 1,
+        **model.pool_settings,
         "kv_tls": {
             "ca": str(pki["ca"]),
             "cert": str(pki["node_cert"]),
@@ -306,8 +228,8 @@ def register(
             {"share_percent": 50, "min_duration_s": 5, "min_requests": 16},
             {"share_percent": 100, "min_duration_s": 3, "min_requests": 8},
         ],
-        gate_ttft_p50_ratio=5.0,
-        gate_ttft_p99_ratio=8.0,
+        gate_ttft_p50_ratio=model.ttft_gates[0],
+        gate_ttft_p99_ratio=model.ttft_gates[1],
         gate_success_rate_min=0.99,
         gate_link_utilization_max=0.7,
     )

@@ -475,7 +475,9 @@ def smoke(tmp_path: Path, args: list[str], while_up=None) -> tuple[dict, str]:
         # A fresh prompt over the threshold goes the remote way and returns tokens.
         context = ssl.create_default_context(cafile=ready["ca"])
         prompt = "A fresh prompt for the smoke test, long enough to be prefilled remotely. " * 6
-        body = {"model": ready["served_model"], "prompt": prompt, "max_tokens": 8}
+        # Token ids: vLLM returns them only when asked (the reference engine always does).
+        body = {"model": ready["served_model"], "prompt": prompt, "max_tokens": 8,
+                "return_token_ids": True}  # fmt: skip
         request = urllib.request.Request(  # noqa: S310 - the testbed's gateway
             f"{ready['gateway_url']}/v1/completions",
             data=json.dumps(body).encode(),

@@ -13,7 +13,8 @@ import pytest
 from agents.engines.reference import zoo
 from agents.gateway.config import GatewaySettings, parse_snapshot
 from agents.gateway.length import capped, context_error, needs_count
-from pdbridge.testbed_rows import MODELS, Layout, Ports, register
+from pdbridge.testbed_models import MODELS
+from pdbridge.testbed_rows import Layout, Ports, register
 
 pytestmark = pytest.mark.django_db
 

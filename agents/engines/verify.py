@@ -82,9 +82,11 @@ class Divergence:
 
     step: int
     position: int
-    kind: str  # "token" or "logits"
+    kind: str  # "token", "logits" or "logprobs"
     local_token: int | None
     remote_token: int | None
+    #: For "logprobs": how far apart the step's top-k were, against the tolerance.
+    detail: str = ""
 
 
 @dataclass
@@ -116,6 +118,15 @@ def _close(a: Any, b: Any, tolerance: float) -> bool:
     if abs(la - lb) > tolerance or set(ta) != set(tb):
         return False
     return all(abs(ta[k] - tb[k]) <= tolerance for k in ta)
+
+
+def _gap(a: Any, b: Any, tolerance: float) -> str:
+    """Why two steps' (logprob, top-k) are not close, for the report."""
+    (la, ta), (lb, tb) = a, b
+    if set(ta) != set(tb):
+        return f"top-{len(ta)} tokens differ: local {sorted(ta)} remote {sorted(tb)}"
+    gap = max([abs(la - lb), *(abs(ta[k] - tb[k]) for k in ta)])
+    return f"top-{len(ta)} logprobs up to {gap:.6g} apart (tolerance {tolerance:g})"
 
 
 def compare(
@@ -152,11 +163,12 @@ def compare(
                 Divergence(i, prompt_tokens + i, "token", a, b),
             )
         if checked and i < len(ld) and i < len(rd) and not same(ld[i], rd[i]):
-            return False, i + 1, i, Divergence(i, prompt_tokens + i, kind, a, b)
+            detail = _gap(ld[i], rd[i], logprob_tolerance) if kind == "logprobs" else ""
+            return False, i + 1, i, Divergence(i, prompt_tokens + i, kind, a, b, detail)
     return True, steps, min(len(ld), len(rd)) if checked else 0, None
 
 
-def _token_ids(resp: dict[str, Any]) -> list[Any]:
+def token_ids_of(resp: dict[str, Any]) -> list[Any]:
     """The first choice's output token ids ([] when the engine did not return them)."""
     choices = resp.get("choices") or [{}]
     return list(choices[0].get("token_ids") or [])
@@ -245,7 +257,7 @@ async def verify_prompt(
         timings["local_s"] = time.monotonic() - t0
     except (aiohttp.ClientError, RuntimeError, TimeoutError) as exc:
         return PromptResult(length, 0, False, 0, 0, None, None, timings, str(exc))
-    missing = [n for n, r in (("remote", dec), ("local", local)) if not _token_ids(r)]
+    missing = [n for n, r in (("remote", dec), ("local", local)) if not token_ids_of(r)]
     if missing:
         # Nothing to compare is not a match: an engine that omits token ids (vLLM before
         # 0.10.2) would otherwise pass every prompt with zero tokens compared.

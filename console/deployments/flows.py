@@ -87,6 +87,18 @@ def _check_params(params: dict[str, Any]) -> dict[str, Any]:
             isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600
         ):
             raise ValidationError({key: ["A number of seconds in (0, 3600]."]})
+    tokens = params.get("verify_max_tokens")
+    if tokens is not None and (
+        isinstance(tokens, bool) or not isinstance(tokens, int) or not 1 <= tokens <= 4096
+    ):
+        raise ValidationError({"verify_max_tokens": ["An integer in 1..4096."]})
+    tolerance = params.get("verify_logprob_tolerance")
+    if tolerance is not None and (
+        isinstance(tolerance, bool)
+        or not isinstance(tolerance, int | float)
+        or not 0 <= tolerance <= 1
+    ):
+        raise ValidationError({"verify_logprob_tolerance": ["A number in [0, 1]."]})
     return params
 
 

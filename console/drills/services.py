@@ -230,12 +230,17 @@ def drill_delete(*, actor: Actor, drill: Drill) -> None:
 def _remote_lengths(deployment: Deployment) -> list[int]:
     """The default verification sample: one prompt twice the remote threshold (so it goes
     remote even after the gateway re-tuned the threshold up a step or two), at least 64
-    tokens, within the model's context when the catalog says it."""
-    length = max(deployment.remote_prefill_threshold_tokens * 2, 64)
-    max_len = (deployment.model.engine_settings or {}).get("max_model_len")
+    tokens, within the model's context when the catalog says it. Prompt lengths are
+    characters: tokens times the model's ``chars_per_token`` (1 for a byte tokenizer)."""
+    settings = deployment.model.engine_settings or {}
+    tokens = max(deployment.remote_prefill_threshold_tokens * 2, 64)
+    max_len = settings.get("max_model_len")
     if isinstance(max_len, int) and max_len > 32:
-        length = min(length, max_len - 16)
-    return [length]
+        tokens = min(tokens, max_len - 16)
+    per_token = settings.get("chars_per_token")
+    if isinstance(per_token, int | float) and not isinstance(per_token, bool) and per_token > 0:
+        return [max(int(tokens * per_token), 2)]
+    return [tokens]
 
 
 def drill_params(drill: Drill) -> dict[str, Any]:

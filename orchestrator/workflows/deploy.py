@@ -34,6 +34,8 @@ from orchestrator.steps import Done, Fail, RollBack, Step, StepContext, StepResu
 from orchestrator.workflows.gateway_metrics import scrape
 
 DEFAULT_VERIFY_LENGTHS = [40, 200, 700]
+#: Top-k logprobs step 7 compares at each step on vLLM engines (they have no logits digests).
+VLLM_VERIFY_LOGPROBS = 5
 #: Seconds step 6 waits for every gateway to serve the deployment's config version.
 DEFAULT_GATEWAY_READY_S = 120.0
 #: Rounds of step 2's probes before a transient failure fails the step: a first connection
@@ -253,9 +255,8 @@ async def throughput_check(
 
 
 def served_model(target: Target) -> str:
-    """The model id the engine serves (``name=spec`` -> name)."""
-    spec = str(target.settings["model"])
-    return spec.split("=", 1)[0] if "=" in spec else spec.split("@", 1)[0]
+    """The model id the engine serves (see :attr:`Target.served_model`)."""
+    return target.served_model
 
 
 def remote_prefill(ctx: StepContext) -> StepResult:
@@ -426,6 +427,9 @@ def verification(ctx: StepContext) -> StepResult:
                 kv_destination=decode.kv_address_for(target.site),
                 deadline_s=float(ctx.params.get("verify_deadline_s", 30)),
                 kv_mode=deployment.kv_mode,
+                # vLLM has no logits digests: its top-5 logprobs at each step stand in.
+                logprobs=VLLM_VERIFY_LOGPROBS if target.settings.get("engine") == "vllm" else None,
+                logprob_tolerance=float(ctx.params.get("verify_logprob_tolerance", 0.0)),
             )
         )
         reports.append({"prefill": target.hostname, **report})

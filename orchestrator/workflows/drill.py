@@ -20,7 +20,7 @@ import json
 import time
 from typing import Any
 
-from agents.engines.verify import compare, make_prompt
+from agents.engines.verify import compare, make_prompt, token_ids_of
 from agents.loadgen import read_records
 from console.drills import services as drill_services
 from console.drills.choices import STEPS as STEP_NAMES
@@ -225,6 +225,8 @@ def verification_sample(p: dict[str, Any], length: int, seed: int) -> dict[str, 
         "max_tokens": 8,
         "temperature": 0,
         "ignore_eos": True,
+        # vLLM returns token ids only when asked; the reference engine always does.
+        "return_token_ids": True,
     }
     try:
         status, path, through = drillops.post_json(p["gateway_url"] + "/v1/completions", body)
@@ -234,6 +236,10 @@ def verification_sample(p: dict[str, Any], length: int, seed: int) -> dict[str, 
     if status != 200 or local_status != 200:
         return {"length": length, "path": path, "match": False,
                 "error": f"gateway {status}, decode {local_status}"}  # fmt: skip
+    missing = [n for n, r in (("gateway", through), ("decode", local)) if not token_ids_of(r)]
+    if missing:  # nothing compared is not a match
+        return {"length": length, "path": path, "match": False,
+                "error": f"no token ids in the {' and '.join(missing)} answer"}  # fmt: skip
     match, tokens, digests, divergence = compare(local, through)
     return {"length": length, "path": path, "match": match, "tokens": tokens,
             "logits": digests, "divergence": str(divergence) if divergence else None}  # fmt: skip

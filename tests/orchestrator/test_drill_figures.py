@@ -232,3 +232,42 @@ def test_an_unreachable_gateway_is_a_failed_sample_not_a_failed_step():
     assert (row["path"], row["match"]) == ("", False)
     assert "Connection refused" in row["error"]
     assert verification_verdict([row])["ok"] is False
+
+
+def test_answers_without_token_ids_are_a_failed_sample_not_a_match():
+    """An engine that returns no token ids (vLLM before 0.10.2, or not asked) leaves nothing
+    to compare: equal empty lists once passed such a sample as verified."""
+    import http.server
+    import json
+    import threading
+
+    from orchestrator.workflows.drill import verification_sample
+
+    asked: list[dict] = []
+
+    class Engine(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            asked.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            body = json.dumps({"choices": [{"text": " a b", "token_ids": None}],
+                               "usage": {"prompt_tokens": 64, "completion_tokens": 2}}).encode()  # fmt: skip
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        row = verification_sample({"model": "tiny", "gateway_url": url, "decode_url": url}, 64, 1)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    assert row["match"] is False
+    assert "no token ids in the gateway and decode answer" in row["error"]
+    assert all(body["return_token_ids"] is True for body in asked)

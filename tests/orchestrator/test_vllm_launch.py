@@ -14,7 +14,12 @@ from orchestrator import agentops
 
 def _config(mode: str = "push", checksum: bool = True) -> dict[str, Any]:
     return {
-        "model": {"weights_sha256": "a" * 64, "architecture_hash": "b" * 64, "engine_settings": {}},
+        "model": {
+            "name": "tiny",
+            "weights_sha256": "a" * 64,
+            "architecture_hash": "b" * 64,
+            "engine_settings": {},
+        },
         "kv_transfer": {
             "chunk_size_mb": 2,
             "compression": "auto",
@@ -36,7 +41,7 @@ def _target(role: str, **settings: Any) -> agentops.Target:
         "kv_port": 7171,
         **settings,
     }
-    return agentops.Target(role, "site", "node-1", "127.0.0.1:7001", base)
+    return agentops.Target(role, "site", "node-1", "127.0.0.1:7001", base, "tiny")
 
 
 def test_decode_engine_gets_the_connector_with_the_deployments_link_settings():
@@ -86,3 +91,30 @@ def test_checksums_off_lets_the_receiver_accept_unverified_and_tls_is_required()
     bare.settings.pop("kv_tls")
     with pytest.raises(agentops.AgentOpsError, match="kv_tls"):
         agentops.engine_launch_settings(bare, _config())
+
+
+def test_vllm_serves_the_catalog_name_with_the_pools_context_and_arguments():
+    target = _target("prefill", max_model_len=4096, vllm_args=["--enforce-eager"])
+    _, launch = agentops.engine_launch_settings(target, _config())
+
+    # The checkpoint path is the model; requests name the catalog's model.
+    assert target.served_model == "tiny"
+    assert launch["served_model_name"] == "tiny"
+    assert launch["max_model_len"] == 4096
+    assert launch["extra_args"] == ["--enforce-eager"]
+    spec = EngineSpec(role="prefill", **{k: v for k, v in launch.items() if k != "port"})
+    argv = VllmAdapter(spec).command()
+    assert argv[argv.index("--served-model-name") + 1] == "tiny"
+    assert argv[-1] == "--enforce-eager"
+
+
+def test_reference_engines_serve_the_name_of_their_model_spec():
+    target = agentops.Target("prefill", "s", "n", "a:1", {"model": "tiny=qwen3-next"}, "other")
+
+    assert target.served_model == "tiny"
+
+
+@pytest.mark.parametrize("bad", ["--enforce-eager", [1], {"a": "b"}])
+def test_vllm_args_must_be_a_list_of_strings(bad):
+    with pytest.raises(agentops.AgentOpsError, match=r"engine_settings\.vllm_args"):
+        agentops.engine_launch_settings(_target("prefill", vllm_args=bad), _config())

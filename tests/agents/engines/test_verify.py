@@ -281,7 +281,21 @@ def test_compare_uses_logprobs_without_digests():
     assert drift[3].kind == "logprobs"
     assert drift[3].step == 1
     assert drift[3].position == 11
+    assert drift[3].detail == "top-1 logprobs up to 0.05 apart (tolerance 0)"
     assert tolerated[0] is True
+
+
+def test_a_logprob_divergence_names_other_top_tokens():
+    from agents.engines.verify import compare
+
+    local = _vllm_like([1, 2], [-0.1, -0.2])
+    remote = _vllm_like([1, 2], [-0.1, -0.2])
+    remote["choices"][0]["logprobs"]["top_logprobs"][1] = {"2": -0.2, "7": -3.0}
+
+    match, _, _, divergence = compare(local, remote, 0.5)
+
+    assert match is False
+    assert divergence.detail == "top-1 tokens differ: local ['2'] remote ['2', '7']"
 
 
 def test_ok_needs_the_remote_path_and_equal_fingerprints():

@@ -90,6 +90,10 @@ def test_deploy_without_a_prefill_pool_is_a_conflict(api_as):
         ({"probe_seconds": "fast"}, "probe_seconds"),
         ({"gateway_ready_s": 0}, "gateway_ready_s"),
         ({"verify_deadline_s": True}, "verify_deadline_s"),
+        ({"verify_max_tokens": 0}, "verify_max_tokens"),
+        ({"verify_max_tokens": 2.5}, "verify_max_tokens"),
+        ({"verify_logprob_tolerance": -0.1}, "verify_logprob_tolerance"),
+        ({"verify_logprob_tolerance": "0"}, "verify_logprob_tolerance"),
     ],
 )
 def test_bad_params_are_a_400_naming_the_field(api_as, deployment, params, field):

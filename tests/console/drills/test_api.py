@@ -158,6 +158,22 @@ def test_the_default_verification_sample_is_long_enough_to_go_remote(api_as, wor
     assert WorkflowRun.objects.get(pk=report.run_id).params["verify_prompts"] == [600]
 
 
+def test_the_default_sample_counts_the_models_characters_per_token(api_as, world):
+    """Prompt lengths are characters: a BPE tokenizer's 3.2 characters a token (the vLLM
+    testbed's model) need 3.2x the characters to reach the same token count."""
+    world.deployment.remote_prefill_threshold_tokens = 100
+    world.deployment.save(update_fields=["remote_prefill_threshold_tokens"])
+    model = world.deployment.model
+    model.engine_settings = {**(model.engine_settings or {}), "chars_per_token": 3.2}
+    model.save(update_fields=["engine_settings"])
+
+    response = api_as("operator").post("/api/drills/", _body(world), format="json")
+
+    assert response.status_code == 201, response.json()
+    report = DrillReport.objects.get(drill_id=response.json()["id"])
+    assert WorkflowRun.objects.get(pk=report.run_id).params["verify_prompts"] == [640]
+
+
 def test_create_without_running(api_as, world):
     response = api_as("operator").post("/api/drills/", _body(world, run_now=False), format="json")
 

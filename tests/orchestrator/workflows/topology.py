@@ -36,7 +36,7 @@ from typing import Any
 from agents.engines.verify import make_prompt
 from grpc_kv.api import create_ca, create_node_cert
 from pdbridge import netns
-from pdbridge.testbed_rows import MODELS
+from pdbridge.testbed_models import MODELS
 from tests.agents.conftest import AgentProc, free_port, start_agent
 from tests.support import deadline_in, subprocess_env, unavailable
 
