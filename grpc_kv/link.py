@@ -82,7 +82,8 @@ class Link:
         self._window_bytes = 0
         self._window_start = time.monotonic()
         self.goodput_bytes_per_s = 0.0
-        self._measuring: asyncio.Future[dict[str, Any]] | None = None
+        self._measuring: asyncio.Future[None] | None = None
+        self.acked_wire_bytes = 0  # every transfer's, since the link opened
         self._probe_failed_at = -PROBE_RETRY_S
         self._warned_unverified = False
 
@@ -121,26 +122,35 @@ class Link:
             return self.options.link_rate_bps / 8
         return self.goodput_bytes_per_s
 
-    async def link_bytes_per_s(self) -> float:
+    def link_bytes_per_s(self) -> float:
         """Link capacity in bytes/s for ``auto`` compression: ``link_rate_bps`` when
         configured, else a short measurement (cached per target for a minute). Goodput
-        seen by transfers is no substitute: while compressing it measures the codec."""
+        seen by transfers is no substitute: while compressing it measures the codec.
+
+        Never waits for the measurement: a transfer's chunks do not queue behind a probe
+        (a consumer draining 32 MiB of TLS probe on a busy core before the first chunk held
+        a vLLM pair's first transfers for seconds). Until a measurement lands, the last one
+        (expired) or the goodput seen stands in; none (0): ``auto`` takes the link for a
+        slow one, the right guess on a WAN."""
         if self.options.link_rate_bps > 0:
             return self.options.link_rate_bps / 8
         cached = _MEASURED.get(self.target)
         if cached is not None and time.monotonic() - cached[0] < 60:
             return cached[1]
-        if time.monotonic() - self._probe_failed_at < PROBE_RETRY_S:
-            return self.goodput_bytes_per_s
-        if self._measuring is None:
-            self._measuring = asyncio.ensure_future(self.measure_rate(0.3, 32 << 20))
+        if self._measuring is None and time.monotonic() - self._probe_failed_at >= PROBE_RETRY_S:
+            self._measuring = asyncio.ensure_future(self._measure_in_background())
+        return cached[1] if cached is not None else self.goodput_bytes_per_s
+
+    async def _measure_in_background(self) -> None:
+        acked_before, start = self.acked_wire_bytes, time.monotonic()
         try:
-            rate = (await asyncio.shield(self._measuring))["bytes_per_s"]
-        except CONNECTION_ERRORS as exc:
+            rate = (await self.measure_rate(PROBE_SECONDS, PROBE_MAX_BYTES))["bytes_per_s"]
+            # The probe shared the link with the transfers' chunks: the link carried both.
+            rate += (self.acked_wire_bytes - acked_before) / max(time.monotonic() - start, 1e-3)
+        except (*CONNECTION_ERRORS, OSError) as exc:
             # The probe shares the link's connections: a broken one (reset, a TLS record
             # failing its MAC -> INTERNAL) is a connection failure the push streams handle
-            # by reconnecting and resuming. Fall back to the goodput seen (0: ``auto``
-            # compresses) and measure again later, never fail the transfer for it.
+            # by reconnecting and resuming. Measure again later, never fail a transfer for it.
             self._probe_failed_at = time.monotonic()
             log.warning(
                 "rate_probe_failed target=%s error=%s fallback_bytes_per_s=%.0f",
@@ -148,11 +158,11 @@ class Link:
                 _describe(exc),
                 self.goodput_bytes_per_s,
             )
-            return self.goodput_bytes_per_s
+        else:
+            _MEASURED[self.target] = (time.monotonic(), float(rate))
+            log.info("rate_measured target=%s mbit_s=%.1f", self.target, rate * 8 / 1e6)
         finally:
             self._measuring = None
-        _MEASURED[self.target] = (time.monotonic(), rate)
-        return float(rate)
 
     async def measure_rate(self, seconds: float, max_bytes: int | None = None) -> dict[str, Any]:
         """Push random 1 MiB probe blocks over every connection for ``seconds`` (or until
@@ -194,6 +204,7 @@ class Link:
 
     def observe_acked(self, wire_bytes: int) -> None:
         """Fold acknowledged wire bytes into the goodput estimate (EWMA over >= 250 ms)."""
+        self.acked_wire_bytes += wire_bytes
         self._window_bytes += wire_bytes
         now = time.monotonic()
         elapsed = now - self._window_start
@@ -235,6 +246,9 @@ class Link:
         await asyncio.shield(closing)
 
     async def close(self) -> None:
+        if self._measuring is not None:
+            self._measuring.cancel()
+            await asyncio.gather(self._measuring, return_exceptions=True)
         await asyncio.gather(
             *(channel.close(None) for channel in self.channels), *list(self._closing)
         )
@@ -242,6 +256,10 @@ class Link:
 
 _MEASURED: dict[str, tuple[float, float]] = {}
 PROBE_BLOCK = 1 << 20
+#: ``auto``'s link-rate probe: this long or this many bytes, whichever ends first. A few
+#: MiB tell a link far faster than the codecs from a slow one, which is all ``auto`` needs.
+PROBE_SECONDS = 0.3
+PROBE_MAX_BYTES = 8 << 20
 #: After a failed rate probe, the goodput estimate stands in for this long.
 PROBE_RETRY_S = 5.0
 #: What a call on a broken connection raises in grpc.aio (an RPC error, or a write on a

@@ -329,7 +329,7 @@ class Transfer(ChunkStreams):
     ) -> None:
         codec = self.options.compression
         if codec is Codec.AUTO:
-            codec = self._auto.choose(piece, await self.link.link_bytes_per_s())
+            codec = self._auto.choose(piece, self.link.link_bytes_per_s())
         seq = self._next_seq
         self._next_seq += 1
         head = pb.Chunk(

@@ -118,3 +118,8 @@ def test_auto_skips_compression_on_fast_links_and_uses_it_on_slow_ones():
 
 def test_auto_leaves_incompressible_data_alone():
     assert AutoCodec().choose(os.urandom(1 << 20), 200e6 / 8) is Codec.NONE
+
+
+def test_auto_on_a_link_of_unknown_rate_compresses_what_compresses_and_nothing_else():
+    assert AutoCodec().choose(bf16_normal(1 << 20), 0) is Codec.ZSTD_BYTEPLANE  # ratio ~1.46
+    assert AutoCodec().choose(os.urandom(1 << 20), 0) is Codec.NONE

@@ -375,3 +375,47 @@ def test_consumer_deadline_without_a_sender_fails_cleanly():
 
     assert elapsed < 2.0
     assert active == 0
+
+
+def test_auto_sends_the_first_chunks_without_waiting_for_the_rate_probe():
+    """``auto`` measures a link's rate before it knows it, but the first transfer's chunks go
+    meanwhile (compressed: an unknown link is taken for a WAN). The probe once ran in front
+    of them: on a vLLM pair the consumer drained up to 32 MiB of TLS probe on a busy core
+    before the first chunk, seconds of a first transfer. Here each way is 400 ms, so the
+    probe cannot have finished when ``send_layer`` returns; once it has, the rate is known."""
+    from grpc_kv import link as link_module
+    from grpc_kv.faultproxy import FaultProxy, Latency
+    from grpc_kv.link import Link
+
+    data = bf16_normal(256 << 10)
+    options = LinkOptions(chunk_size_bytes=64 << 10, compression="auto", timeout_ms=20_000)
+
+    async def scenario():
+        async with receiver() as (server, target):
+            proxy = FaultProxy(upstream=target)
+            via = f"127.0.0.1:{await proxy.start()}"
+            proxy.add(Latency(ms=400))
+            link = Link(via, options, INSECURE)
+            try:
+                header = make_header({"kv": len(data)})
+                consumer = asyncio.create_task(collect(server, header.transfer_id))
+                async with open_transfer(via, header, options, link=link) as tx:
+                    await tx.send_layer("kv", data)
+                    known_when_sent = via in link_module._MEASURED
+                    summary = await tx.finish()
+                _, segments = await consumer
+                deadline = time.monotonic() + 30
+                while link._measuring is not None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                return known_when_sent, summary, layers_of(segments), link_module._MEASURED.get(via)
+            finally:
+                await link.close()
+                await proxy.stop()
+
+    known_when_sent, summary, layers, measured = run(scenario())
+
+    assert not known_when_sent
+    assert layers == {"kv": data}
+    assert set(summary.codecs) == {"zstd-byteplane"}  # unknown rate: compress bf16
+    assert measured is not None
+    assert measured[1] > 0

@@ -108,6 +108,14 @@ def wait_resent(producer: Engine, above: float, timeout_s: float = 120.0) -> Non
         _step(url)
 
 
+def wait_log(engine: Engine, text: str, timeout_s: float = 60.0) -> None:
+    deadline = deadline_in(timeout_s)
+    while text not in engine.log.read_text(errors="replace"):
+        if time.monotonic() >= deadline:
+            pytest.fail(f"{engine.log} never logged {text!r}; {_why_not(engine)}")
+        time.sleep(0.2)
+
+
 def assert_same(local: dict[str, Any], remote: dict[str, Any]) -> None:
     local_tokens, local_top = tokens_and_top5(local)
     remote_tokens, remote_top = tokens_and_top5(remote)
@@ -220,13 +228,21 @@ def test_corrupted_chunks_are_resent_never_imported(pair: Pair, proxy: _ProxyThr
     resent = connector_count(pair.producer.url, "retransmits") + connector_count(
         pair.producer.url, "resumes"
     )
+    destination = f"127.0.0.1:{proxy.port}"
+    # A first transfer to a destination starts ``auto``'s link-rate probe, whose blocks share
+    # the connections with the chunks: a flip landing in them breaks a connection that may
+    # carry no chunk (CI: the other connection delivered everything, nothing was resent).
+    # Warm the destination first, so the damaged transfer's connections carry only chunks.
+    pair.remote(prompt_of(300), destination=destination)
+    wait_log(pair.producer, f"rate_measured target={destination}")
     loaded = external_tokens(pair)
-    # Flip two bytes inside the first chunks, client -> receiver. Under mTLS the record's MAC
-    # catches them (the connection drops and the chunk goes again on a new one); without TLS
-    # the chunk checksum would: either way nothing damaged is imported.
-    flip = Flip(direction="upstream", offsets=(40_000, 300_000), limit=2)
+    # Flip two bytes of the chunks, client -> receiver: the first two multiples of 100 kB
+    # on a connection after this point. Under mTLS the record's MAC catches them (the
+    # connection drops and the chunk goes again on a new one); without TLS the chunk checksum
+    # would: either way nothing damaged is imported.
+    flip = Flip(direction="upstream", every=100_000, limit=2)
     proxy.run(proxy.proxy.add, flip)
-    remote, _, _ = pair.remote(prompt, destination=f"127.0.0.1:{proxy.port}")
+    remote, _, _ = pair.remote(prompt, destination=destination)
     assert_same(local, remote)
     assert proxy.run(lambda: proxy.proxy.flips) >= 1
     assert external_tokens(pair) > loaded  # loaded over the link, not recomputed
