@@ -53,7 +53,7 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ## A subset of the suite and the run command beside two CPU burners, deadlines scaled by
-## PDBRIDGE_TEST_TIME_SCALE=3 (.ci/run runs it after `make test`; docs/testing.md).
+## PDBRIDGE_TEST_TIME_SCALE=3 (.ci/run runs it after `make test`; README, Testing knobs).
 test-under-load: $(STAMP)
 	scripts/test-under-load.sh
 

@@ -345,13 +345,14 @@ def start_pair(
     # A fresh vLLM CPU process's first forward passes are slow (first-use kernel set-up: 47 s
     # for a 256-token prefill on a busy 2-core runner): a first remote request then outlives
     # the consumer's 30 s no-progress TTL while its producer still computes. Serving warms
-    # its engines before traffic; so do the tests, once per engine.
-    for engine in engines.values():
-        status, answer = post(
-            engine.url + "/v1/completions",
-            {"model": model, "prompt": prompt_of(300, seed=99), "max_tokens": 2},
-        )
-        assert status == 200, f"warm-up of {engine}: {answer}"
+    # its engines before traffic; the tests warm the producer only, so that a test's first
+    # remote request stays the decode engine's first request ever (the AMX case).
+    producer = engines["producer"]
+    status, answer = post(
+        producer.url + "/v1/completions",
+        {"model": model, "prompt": prompt_of(300, seed=99), "max_tokens": 2},
+    )
+    assert status == 200, f"warm-up of {producer}: {answer}"
     return Pair(model, engines["producer"], engines["consumer"], kv_port, certs)
 
 
