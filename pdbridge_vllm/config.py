@@ -26,6 +26,7 @@ KEYS = (
     "link",
     "receiver",
     "faults",
+    "link_cpus",
 )
 #: Per-request faults honoured when ``faults`` is on (``kv_transfer_params.pdbridge_fault`` of
 #: a prefill leg): what the verification tests and drills use to prove a damaged transfer is
@@ -60,6 +61,10 @@ class ConnectorConfig:
     receiver: kv.ReceiverOptions = field(default_factory=kv.ReceiverOptions)
     #: Honour ``pdbridge_fault`` in requests (tests and drills only; off in production).
     faults: bool = False
+    #: CPUs the link's threads may run on. Unset: every CPU the process's cgroup allows --
+    #: not the core vLLM's CPU backend binds its worker to (``VLLM_CPU_OMP_THREADS_BIND``),
+    #: which the link's threads would otherwise inherit and share with the forward pass.
+    link_cpus: tuple[int, ...] | None = None
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorConfig:
@@ -84,6 +89,7 @@ class ConnectorConfig:
             "link": _options(kv.LinkOptions, extra.get("link", {}), "link"),
             "receiver": _options(kv.ReceiverOptions, extra.get("receiver", {}), "receiver"),
             "faults": _bool(extra.get("faults", False), "faults"),
+            "link_cpus": _cpus(extra.get("link_cpus")),
         }
         if values["fingerprint"] is not None and ":" not in str(values["fingerprint"]):
             raise ConfigError("kv_connector_extra_config.fingerprint: 'weights_sha256:arch_hash'")
@@ -155,6 +161,20 @@ def _positive(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ConfigError(f"kv_connector_extra_config.{key}: a positive number expected")
     return float(value)
+
+
+def _cpus(value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, (list, tuple))
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    ):
+        raise ConfigError(
+            "kv_connector_extra_config.link_cpus: a non-empty list of CPU numbers expected"
+        )
+    return tuple(value)
 
 
 def _strings(value: Any, key: str) -> list[str]:

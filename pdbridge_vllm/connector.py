@@ -347,7 +347,7 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
             if self.config.fingerprint
             else model_fingerprint(self._model)
         )
-        self._runtime = Runtime(self.config.link, self.config.tls())
+        self._runtime = Runtime(self.config.link, self.config.tls(), self.config.link_cpus)
         if self._consumer:
             if not self.config.listen:
                 raise ValueError("kv_connector_extra_config.listen: required for kv_consumer")

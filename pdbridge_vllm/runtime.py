@@ -12,7 +12,10 @@ hence one loop for the process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -86,12 +89,40 @@ class LayoutRefused(Exception):
     """The header's layout is not this engine's: refused before any block is written."""
 
 
+def _name_native_thread(name: bytes) -> None:
+    """Give the calling thread its OS name (Python 3.11 names only its own Thread objects), so
+    ``top -H`` and /proc/<pid>/task/*/comm show the link's CPU apart from vLLM's threads."""
+    # Not Linux (no prctl): the name is a convenience, the link works without it.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(15, name[:15], 0, 0, 0)  # 15: PR_SET_NAME
+
+
+def _widen_affinity(cpus: tuple[int, ...] | None) -> None:
+    """Let the calling thread (and the grpc threads it starts, which inherit its mask) run on
+    ``cpus``, default every CPU: vLLM's CPU worker binds itself to its compute cores before
+    the connector starts, and a link thread sharing that core with the forward pass and its
+    spinning OpenMP threads sent KV at a fraction of the link's rate. The kernel keeps the
+    mask inside the process's cpuset; one that leaves no CPU is refused with a warning."""
+    if not hasattr(os, "sched_setaffinity"):
+        return
+    wanted = set(cpus) if cpus is not None else set(range(os.cpu_count() or 1))
+    try:
+        os.sched_setaffinity(0, wanted)
+    except OSError as exc:
+        log.warning("pdbridge_kv_link_cpus_refused cpus=%s error=%s", sorted(wanted), exc)
+    else:
+        log.info("pdbridge_kv_link_cpus cpus=%s", sorted(os.sched_getaffinity(0)))
+
+
 class Runtime:
     """The loop thread, the link pool and (decode role) the receiver."""
 
-    def __init__(self, options: kv.LinkOptions, tls: kv.TLSConfig) -> None:
+    def __init__(
+        self, options: kv.LinkOptions, tls: kv.TLSConfig, cpus: tuple[int, ...] | None = None
+    ) -> None:
         self.options = options
         self.tls = tls
+        self._cpus = cpus
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="pdbridge-kv", daemon=True)
         self._thread.start()
@@ -101,6 +132,8 @@ class Runtime:
         self._stats = Stats()
 
     def _run(self) -> None:
+        _name_native_thread(b"pdbridge-kv")
+        _widen_affinity(self._cpus)
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 

@@ -1,16 +1,19 @@
 """The connector's vLLM-free parts, in the project's own environment: which positions of which
 KV-cache group a transfer carries, the manifest it declares, the decode side's layout check,
-and the validation of ``kv_connector_extra_config``."""
+the validation of ``kv_connector_extra_config``, and where the link's thread may run."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
+from grpc_kv import api as kv
 from grpc_kv.api import LayerKind
 from pdbridge_vllm.config import ConfigError, ConnectorConfig, model_fingerprint
 from pdbridge_vllm.layout import LAYOUT_VERSION, GroupLayout, KvLayout, LayerPages
+from pdbridge_vllm.runtime import Runtime
 
 
 def _layout(window_blocks: int = 2) -> KvLayout:
@@ -82,6 +85,8 @@ def test_config_defaults_and_every_bad_key_is_named(monkeypatch, tmp_path):
     assert config.link.timeout_ms == 9000
     assert config.deadline_s == 15.0
     assert not config.faults
+    assert config.link_cpus is None
+    assert ConnectorConfig.from_extra({"insecure": True, "link_cpus": [0]}).link_cpus == (0,)
     bad = [
         ({"insecure": True, "colour": 1}, "unknown key"),
         ({}, "tls_ca/tls_cert/tls_key"),
@@ -92,6 +97,10 @@ def test_config_defaults_and_every_bad_key_is_named(monkeypatch, tmp_path):
         ({"insecure": True, "link": []}, "link: an object"),
         ({"insecure": True, "allowed_peers": "a"}, "allowed_peers"),
         ({"insecure": True, "fingerprint": "abc"}, "fingerprint"),
+        ({"insecure": True, "link_cpus": []}, "link_cpus"),
+        ({"insecure": True, "link_cpus": [0, -1]}, "link_cpus"),
+        ({"insecure": True, "link_cpus": "0-3"}, "link_cpus"),
+        ({"insecure": True, "link_cpus": [True]}, "link_cpus"),
     ]
     for extra, needle in bad:
         with pytest.raises(ConfigError, match=needle.replace("/", ".")):
@@ -111,3 +120,27 @@ def test_model_fingerprint_hashes_weights_and_config(tmp_path):
     assert model_fingerprint(str(tmp_path)).arch_hash == first.arch_hash
     with pytest.raises(ConfigError, match="fingerprint"):
         model_fingerprint(str(tmp_path / "missing"))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux CPU affinity")
+def test_the_link_thread_is_not_kept_on_the_core_its_creator_was_bound_to():
+    """vLLM's CPU worker binds itself to one core before the connector starts its loop thread;
+    that thread (and grpc's, started from it) would inherit the binding and share the core with
+    the forward pass. The runtime widens its own thread to every CPU (or ``link_cpus``)."""
+    everything = os.sched_getaffinity(0)
+    first = min(everything)
+    os.sched_setaffinity(0, {first})  # as vLLM binds its worker
+    try:
+        for cpus, expected in ((None, everything), ((first,), {first})):
+            runtime = Runtime(kv.LinkOptions(), kv.TLSConfig.development(), cpus)
+            try:
+
+                async def affinity() -> set[int]:
+                    return os.sched_getaffinity(0)
+
+                assert runtime.call(affinity()) == expected
+            finally:
+                runtime.close()
+        assert os.sched_getaffinity(0) == {first}  # the creator's binding is its own
+    finally:
+        os.sched_setaffinity(0, everything)

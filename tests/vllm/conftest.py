@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,10 +81,11 @@ class Engine:
     argv: list[str]
     env: dict[str, str]
     process: subprocess.Popen[bytes] | None = None
+    host: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def __repr__(self) -> str:
         return f"Engine({self.role}, {self.url}, log={self.log})"
@@ -149,13 +150,14 @@ class Pair:
     consumer: Engine
     kv_port: int
     certs: dict[str, Any] = field(default_factory=dict)
+    kv_host: str = "127.0.0.1"
 
     def __repr__(self) -> str:
         return f"Pair({self.model}, {self.producer!r}, {self.consumer!r}, kv={self.kv_port})"
 
     @property
     def kv_destination(self) -> str:
-        return f"127.0.0.1:{self.kv_port}"
+        return f"{self.kv_host}:{self.kv_port}"
 
     def body(self, prompt: str | list[int], max_tokens: int = 16, **extra: Any) -> dict[str, Any]:
         return {
@@ -257,7 +259,9 @@ def _build_models() -> None:
     )
 
 
-def _connector_config(role: str, certs: dict[str, Any], kv_port: int, failure_policy: str) -> str:
+def _connector_config(
+    role: str, certs: dict[str, Any], kv_listen: str, failure_policy: str
+) -> dict[str, Any]:
     node = certs[role]
     extra: dict[str, Any] = {
         "tls_ca": str(node.ca_file),
@@ -276,26 +280,42 @@ def _connector_config(role: str, certs: dict[str, Any], kv_port: int, failure_po
         "kv_connector_extra_config": extra,
     }
     if role == "consumer":
-        extra["listen"] = f"127.0.0.1:{kv_port}"
+        extra["listen"] = kv_listen
         extra["allowed_peers"] = ["vllm-producer"]
         config["kv_load_failure_policy"] = failure_policy
-    return json.dumps(config)
+    return config
+
+
+#: Where a pair's engines run: the address each one serves on and is reached at, and the
+#: argv prefix that puts it there (``ip netns exec NS`` for the bench's namespace link).
+Placement = dict[str, tuple[str, list[str]]]
+LOOPBACK: Placement = {"producer": ("127.0.0.1", []), "consumer": ("127.0.0.1", [])}
 
 
 def start_pair(
-    arch: str, tmp: Path, failure_policy: str = "recompute", extra_args: tuple[str, ...] = ()
+    arch: str,
+    tmp: Path,
+    failure_policy: str = "recompute",
+    extra_args: tuple[str, ...] = (),
+    placement: Placement = LOOPBACK,
+    max_model_len: int = 4096,
+    kv_transfer_config: Callable[[str], dict[str, Any]] | None = None,
 ) -> Pair:
     """A producer and a consumer of ``arch``. ``failure_policy``: the consumer's
     ``kv_load_failure_policy`` (``recompute`` here by default, so that a failed load still
     answers and the connector's own tests can compare tokens; ``fail`` is what the orchestrator
-    sets, for the gateway's fallback)."""
+    sets, for the gateway's fallback). ``placement``: see :data:`Placement` (the consumer's
+    receiver listens on its address). ``kv_transfer_config``: role -> vLLM's
+    ``--kv-transfer-config``, instead of pdbridge's connector (``make bench-vllm`` runs vLLM's
+    ExampleConnector this way)."""
     _build_models()
     model = str(MODELS / arch)
     ca = create_ca(tmp / "ca")
+    kv_host = placement["consumer"][0]
     certs: dict[str, Any] = {
         "ca": ca,
         "producer": create_node_cert(ca, tmp / "nodes", "vllm-producer"),
-        "consumer": create_node_cert(ca, tmp / "nodes", "vllm-consumer"),
+        "consumer": create_node_cert(ca, tmp / "nodes", "vllm-consumer", sans=[kv_host]),
     }
     kv_port = free_port()
     engines = {}
@@ -313,25 +333,34 @@ def start_pair(
         )
         env.pop("VIRTUAL_ENV", None)
         port = free_port()
+        host, prefix = placement[role]
+        config = (
+            kv_transfer_config(role)
+            if kv_transfer_config
+            else _connector_config(role, certs, f"{kv_host}:{kv_port}", failure_policy)
+        )
         argv = [
+            *prefix,
             str(VLLM_PYTHON),
             "-m",
             "pdbridge_vllm.launcher",
             "serve",
             model,
+            "--host",
+            host,
             "--port",
             str(port),
             "--enforce-eager",
             "--max-model-len",
-            "4096",
+            str(max_model_len),
             # Every local run computes from scratch and every remote one loads its whole
             # prompt: equality then says something about the transfer.
             "--no-enable-prefix-caching",
             *extra_args,
             "--kv-transfer-config",
-            _connector_config(role, certs, kv_port, failure_policy),
+            json.dumps(config),
         ]
-        engines[role] = Engine(role, port, tmp / f"{arch}-{role}.log", argv, env)
+        engines[role] = Engine(role, port, tmp / f"{arch}-{role}.log", argv, env, host=host)
     for engine in engines.values():
         engine.start()
     deadline = deadline_in(START_TIMEOUT_S)
@@ -353,7 +382,7 @@ def start_pair(
         {"model": model, "prompt": prompt_of(300, seed=99), "max_tokens": 2},
     )
     assert status == 200, f"warm-up of {producer}: {answer}"
-    return Pair(model, engines["producer"], engines["consumer"], kv_port, certs)
+    return Pair(model, engines["producer"], engines["consumer"], kv_port, certs, kv_host)
 
 
 @pytest.fixture(scope="module")
