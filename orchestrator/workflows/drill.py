@@ -140,8 +140,17 @@ def fault_window(ctx: StepContext) -> StepResult:
     (for a drill of every prefill site it can only be served by the fallback, the path the
     drill exists to keep working; the ``verify`` step judges it)."""
     p = ctx.params
-    due = ctx.previous["inject_fault"]["expires_at"]
+    injected = ctx.previous["inject_fault"]
+    due = injected["expires_at"]
     sample = ctx.evidence.get("sample")
+    if sample is None and not _fault_in_effect(ctx, injected["injected_at"]):
+        # A sample sent before the gateway has noticed the fault can still be served the old
+        # way (seen: a link cut whose first 3 s still served one request remote); it would then
+        # prove nothing about the path the drill exists to test. Wait for the load to show the
+        # fault in effect, at most half the window.
+        if time.time() < injected["injected_at"] + p["fault_s"] / 2:
+            return Wait(RECHECK_S)
+        ctx.log("the load showed no request served around the fault yet; sampling anyway")
     if sample is None:
         # Its own prompt (seed): the after-fault sample must not find this one's prefix cached.
         sample = verification_sample(p, p["verify_prompts"][0], seed=-ctx.run_id)
@@ -149,6 +158,18 @@ def fault_window(ctx: StepContext) -> StepResult:
     if time.time() < due:
         return Wait(due - time.time(), {"sample": sample})
     return Done({"ended_at": time.time(), "sample": sample})
+
+
+def _fault_in_effect(ctx: StepContext, since: float) -> bool:
+    """A request of the drill's load, started after ``since``, served away from the faulted
+    path: by the fallback, or (a drill of one site) by another site."""
+    site = ctx.params.get("site") or ""
+    return any(
+        r["start"] >= since
+        and r["outcome"] == "ok"
+        and (r["path"] != "remote" or (site and r.get("site") != site))
+        for r in read_records_of(_load(ctx))
+    )
 
 
 def restore(ctx: StepContext) -> StepResult:
