@@ -46,7 +46,13 @@ from grpc_kv.results import (
     TransferTimeout,
 )
 from grpc_kv.sender import Transfer, open_transfer
-from grpc_kv.store import FingerprintMismatch, Segment, TransferFailed, TransferReader
+from grpc_kv.store import (
+    FingerprintMismatch,
+    Segment,
+    SenderLost,
+    TransferFailed,
+    TransferReader,
+)
 from grpc_kv.tls import PeerRejected, TLSConfig
 
 __all__ = [
@@ -70,6 +76,7 @@ __all__ = [
     "ReceiverServer",
     "ReceiverUnreachable",
     "Segment",
+    "SenderLost",
     "TLSConfig",
     "Transfer",
     "TransferError",

@@ -137,6 +137,7 @@ class _BulkConnection(asyncio.BufferedProtocol):
         self.head_len = 0
         self.payload_len = 0
         self.transfer_id = ""  # set by the hello
+        self.counted = ""  # the sending node this connection is counted for (store.stream_*)
         self.chunk: Any = None
         self.closing = False
         self.eof = False
@@ -344,6 +345,11 @@ class _BulkConnection(asyncio.BufferedProtocol):
                 f"bulk: session does not match the Begin of transfer {hello.transfer_id!r}",
             )
         self.transfer_id = hello.transfer_id
+        if transfer.peer and not self.counted:
+            # The hello proves the connection is the Begin's sender: it keeps its node's
+            # transfers alive (ReceiverOptions.sender_lost_s) like a Push stream does.
+            self.counted = transfer.peer
+            self.store.stream_opened(transfer.peer)
         self._ack(0, pb.ACK_READY, transfer.contiguous)
 
     def _chunk_head(self, head: bytes) -> None:
@@ -503,6 +509,9 @@ class _BulkConnection(asyncio.BufferedProtocol):
 
     def _gone(self) -> None:
         self.closing = True
+        if self.counted:
+            self.store.stream_closed(self.counted)
+            self.counted = ""
         if self.hello_timer is not None:
             self.hello_timer.cancel()
         if self.decoding is not None:

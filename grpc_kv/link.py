@@ -155,7 +155,7 @@ class Link:
             log.warning(
                 "rate_probe_failed target=%s error=%s fallback_bytes_per_s=%.0f",
                 self.target,
-                _describe(exc),
+                describe_error(exc),
                 self.goodput_bytes_per_s,
             )
         else:
@@ -231,6 +231,13 @@ class Link:
         self.metrics.rtt.labels(self.target).set(rtt)
         return rtt
 
+    async def describe(self) -> dict[str, str]:
+        """What the receiver says of itself (``ReceiverServer.describe``; empty from one that
+        predates it). One round trip; raises one of CONNECTION_ERRORS when unreachable."""
+        call = self.unary(0, "Ping", pb.PingReply)
+        reply = await call(pb.PingRequest(nonce=0), timeout=self.options.rpc_timeout_ms / 1000)
+        return dict(reply.attrs)
+
     async def reset(self, index: int) -> None:
         """Replace connection ``index`` with a new TCP connection: a stalled one may sit on
         a dead path that neither TCP nor HTTP/2 keepalive has noticed. Calls still on the
@@ -267,7 +274,8 @@ PROBE_RETRY_S = 5.0
 CONNECTION_ERRORS = (grpc.aio.AioRpcError, grpc.aio.UsageError, asyncio.InvalidStateError)
 
 
-def _describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
+    """A connection error in one line: the gRPC status and its details, else the exception."""
     if isinstance(exc, grpc.aio.AioRpcError):
         return f"{exc.code().name}: {exc.details()}"
     return f"{type(exc).__name__}: {exc}"

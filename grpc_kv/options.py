@@ -129,6 +129,12 @@ class ReceiverOptions:
     ttl_s: float = 30.0
     #: Extra time past a sender's announced deadline before the receiver gives up on it.
     deadline_grace_s: float = 0.25
+    #: A begun, unfinished transfer whose sender (its certificate identity and host) has had
+    #: no data stream open for this long fails as ``sender lost`` (a killed prefill engine's
+    #: connections close at once): its consumer learns in seconds, not at its deadline. A
+    #: sender on a cut link gives up after its own ``unreachable_ms`` (3 s by default), so
+    #: the two ends agree. 0: only the deadline and the TTL end such a transfer.
+    sender_lost_s: float = 3.0
     #: Completed transfer ids remembered to refuse reuse.
     remember_completed: int = 65536
     #: gRPC keepalive: ping an idle connection every this many ms (detects dead WAN paths).

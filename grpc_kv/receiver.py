@@ -31,7 +31,7 @@ from grpc_kv.manifest import Fingerprint
 from grpc_kv.metrics import LinkMetrics
 from grpc_kv.options import ReceiverOptions, grpc_options
 from grpc_kv.protocol import PACKAGE, pb
-from grpc_kv.store import ROLE, BeginRefused, TransferReader, TransferStore
+from grpc_kv.store import ROLE, BeginRefused, TransferReader, TransferStore, peer_key
 from grpc_kv.tls import PeerRejected, TLSConfig
 from grpc_kv.wire import CHUNK_PAYLOAD_FIELD, FrameError, split_field
 
@@ -85,11 +85,9 @@ class _Servicer:
 
     async def begin(self, data: bytes, context: Context) -> bytes:
         identity = await self._authorize(context)
-        # Identity and host, without the ephemeral port: one "link" per sending node.
-        host = context.peer().rpartition(":")[0]
         try:
             request = _parse(pb.BeginRequest, data, "begin")
-            reply = self.store.begin(request, f"{identity}@{host}")
+            reply = self.store.begin(request, peer_key(identity, context.peer()))
             if request.want_bulk and self.server.bulk is not None:
                 reply.bulk_port = self.server.bulk.advertised_port
             return bytes(reply.SerializeToString())
@@ -101,7 +99,15 @@ class _Servicer:
         raise AssertionError("unreachable")
 
     async def push(self, requests: AsyncIterator[bytes], context: Context) -> AsyncIterator[bytes]:
-        await self._authorize(context)
+        peer = peer_key(await self._authorize(context), context.peer())
+        self.store.stream_opened(peer)
+        try:
+            async for ack in self._push(requests, context):
+                yield ack
+        finally:
+            self.store.stream_closed(peer)
+
+    async def _push(self, requests: AsyncIterator[bytes], context: Context) -> AsyncIterator[bytes]:
         max_chunk = self.server.options.max_chunk_bytes
         async for data in requests:
             try:
@@ -174,7 +180,8 @@ class _Servicer:
         except ChunkRejected as exc:
             await self._invalid(context, exc)
             raise
-        return bytes(pb.PingReply(nonce=request.nonce, protocol_version=1).SerializeToString())
+        reply = pb.PingReply(nonce=request.nonce, protocol_version=1, attrs=self.server.describe)
+        return bytes(reply.SerializeToString())
 
     async def probe(self, requests: AsyncIterator[bytes], context: Context) -> bytes:
         await self._authorize(context)
@@ -220,6 +227,9 @@ class ReceiverServer:
         self.metrics = metrics or LinkMetrics()
         self.store = TransferStore(self.options, self.metrics, accept_fingerprints)
         self.health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        #: Answered in every Ping (``PingReply.attrs``; :meth:`Link.describe`): what the
+        #: receiver's owner says of itself -- a vLLM decode rank its tensor-parallel layout.
+        self.describe: dict[str, str] = {}
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._local: LocalServer | None = None

@@ -61,12 +61,32 @@ class Segment:
     final: bool
 
 
+class SenderLost(TransferFailed):
+    """The sender's data connections all closed and none came back within
+    ``ReceiverOptions.sender_lost_s`` (a killed or crashed prefill engine)."""
+
+
+SENDER_LOST = "sender lost"
+
+
 def failure(reason: str) -> TransferFailed:
     """The exception a consumer gets for ``reason``: FingerprintMismatch when the sender's
-    model is not the one expected, TransferFailed otherwise (also used by the local socket's
-    engine side, which gets the reason as text)."""
-    cls = FingerprintMismatch if "fingerprint mismatch" in reason else TransferFailed
-    return cls(reason)
+    model is not the one expected, SenderLost when the sender went away, TransferFailed
+    otherwise (also used by the local socket's engine side, which gets the reason as text)."""
+    if "fingerprint mismatch" in reason:
+        return FingerprintMismatch(reason)
+    if f"{SENDER_LOST}:" in reason:
+        return SenderLost(reason)
+    return TransferFailed(reason)
+
+
+def peer_key(identity: str, address: str) -> str:
+    """One sending node: its certificate identity and host (the port and gRPC's ``ipv4:``
+    prefix dropped), the same on the gRPC and the bulk data path."""
+    host = address.removeprefix("ipv4:").removeprefix("ipv6:")
+    if host.count(":") == 1 or host.startswith("["):  # host:port
+        host = host.rpartition(":")[0]
+    return f"{identity}@{host.strip('[]')}"
 
 
 def _immutable(data: bytes | memoryview) -> bool:
@@ -102,6 +122,8 @@ class _Transfer:
     failed: str | None = None
     discard: bool = False
     consumers: int = 0
+    #: The sending node (:func:`peer_key`), whose data streams keep the transfer alive.
+    peer: str = ""
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -123,6 +145,10 @@ class TransferStore:
         self._trailers: dict[str, tuple[int, int, int]] = {}  # completed id -> its trailer
         self._reaper: asyncio.Task[None] | None = None
         self._warned_unverified: set[str] = set()  # peers already warned about checksum none
+        #: Data streams (Push calls, bulk connections) open per sending node, and since when
+        #: a node has had none (sender_lost_s).
+        self._streams: dict[str, int] = {}
+        self._quiet: dict[str, float] = {}
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -140,13 +166,45 @@ class TransferStore:
             self.reap()
 
     def reap(self) -> None:
-        """Expire transfers past their deadline or idle past the TTL, freeing their memory."""
+        """Expire transfers past their deadline, idle past the TTL, or whose sender is gone,
+        freeing their memory."""
         now = time.monotonic()
+        lost_s = self.options.sender_lost_s
         for transfer in list(self.transfers.values()):
             if not transfer.finished and now > transfer.deadline + self.options.deadline_grace_s:
                 self._fail(transfer, "deadline passed before the transfer completed")
             elif now - transfer.progress > self.options.ttl_s:
                 self._fail(transfer, f"no progress for {self.options.ttl_s:g} s (ttl)")
+            elif lost_s and self._lost(transfer, now, lost_s):
+                self._fail(
+                    transfer,
+                    f"{SENDER_LOST}: no data connection from {transfer.peer} for {lost_s:g} s "
+                    "(the prefill engine stopped or the path is cut)",
+                )
+        for peer, since in list(self._quiet.items()):
+            if now - since > max(600.0, 2 * lost_s):
+                del self._quiet[peer]
+
+    def _lost(self, transfer: _Transfer, now: float, lost_s: float) -> bool:
+        if transfer.finished or transfer.header is None or not transfer.peer:
+            return False
+        if self._streams.get(transfer.peer):
+            return False
+        quiet = max(self._quiet.get(transfer.peer, 0.0), transfer.started, transfer.progress)
+        return now - quiet > lost_s
+
+    def stream_opened(self, peer: str) -> None:
+        """A data stream from ``peer`` opened (a Push call, a bulk connection)."""
+        self._streams[peer] = self._streams.get(peer, 0) + 1
+        self._quiet.pop(peer, None)
+
+    def stream_closed(self, peer: str) -> None:
+        left = self._streams.get(peer, 1) - 1
+        if left > 0:
+            self._streams[peer] = left
+        else:
+            self._streams.pop(peer, None)
+            self._quiet[peer] = time.monotonic()
 
     # -- accounting ----------------------------------------------------------------------
     def _hold(self, transfer: _Transfer, n: int) -> None:
@@ -192,8 +250,9 @@ class TransferStore:
     # -- sender side ---------------------------------------------------------------------
     def begin(self, request: Any, peer: str = "") -> Any:
         """Register a transfer (or resume it: same session). Returns a BeginReply.
-        ``peer`` (the sender's identity and host) keys the once-per-link warning of
-        ``checksum=none``."""
+        ``peer`` (the sender's identity and host, :func:`peer_key`) keys the once-per-link
+        warning of ``checksum=none`` and whose data streams keep the transfer alive
+        (``sender_lost_s``; none named: only the deadline and TTL apply)."""
         if request.protocol_version != 1:
             raise BeginRefused(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -245,6 +304,7 @@ class TransferStore:
                 )
             self.metrics.resumes.labels(ROLE).inc()
             transfer.progress = time.monotonic()
+            transfer.peer = peer or transfer.peer
             log.info(
                 "transfer_resumed transfer_id=%s request_id=%s contiguous=%d",
                 tid,
@@ -278,6 +338,7 @@ class TransferStore:
         transfer.header_digest = digest
         transfer.coverage = Coverage(header)
         transfer.session = request.session
+        transfer.peer = peer
         transfer.checksum_kind = kind
         transfer.started = transfer.progress = time.monotonic()
         transfer.discard = header.attrs.get("pdbridge.loopback") == "discard"

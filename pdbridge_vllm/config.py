@@ -27,12 +27,17 @@ KEYS = (
     "receiver",
     "faults",
     "link_cpus",
+    "idle_poll_ms",
+    "worker_spin_ms",
 )
 #: Per-request faults honoured when ``faults`` is on (``kv_transfer_params.pdbridge_fault`` of
 #: a prefill leg): what the verification tests and drills use to prove a damaged transfer is
 #: caught. ``zero_layer``: the first attention layer's pages sent as zeros; ``zero_state``: the
-#: first linear-state page sent as zeros; ``fingerprint``: the header names another model.
-FAULTS = ("zero_layer", "zero_state", "fingerprint")
+#: first recurrent-state page sent as zeros; ``fingerprint``: the header names another model.
+#: Tensor parallelism: ``shard_missing``: the last prefill rank never sends the last decode
+#: rank its part; ``shard_wrong_rank``: each decode rank gets the heads cut for another (at
+#: decode TP > 1), or a prefill rank's part names another rank (at decode TP 1).
+FAULTS = ("zero_layer", "zero_state", "fingerprint", "shard_missing", "shard_wrong_rank")
 
 
 class ConfigError(ValueError):
@@ -65,6 +70,13 @@ class ConnectorConfig:
     #: not the core vLLM's CPU backend binds its worker to (``VLLM_CPU_OMP_THREADS_BIND``),
     #: which the link's threads would otherwise inherit and share with the forward pass.
     link_cpus: tuple[int, ...] | None = None
+    #: With nothing to compute and only transfers to wait for, the engine core waits this
+    #: long at most for a worker to say one ended, instead of stepping every millisecond
+    #: (pdbridge_vllm.idle). 0: vLLM's own stepping.
+    idle_poll_ms: float = 10.0
+    #: A worker's shared-memory readers spin this long after a message, then sleep (vLLM:
+    #: 1000). None: vLLM's own.
+    worker_spin_ms: float | None = 5.0
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorConfig:
@@ -90,6 +102,10 @@ class ConnectorConfig:
             "receiver": _options(kv.ReceiverOptions, extra.get("receiver", {}), "receiver"),
             "faults": _bool(extra.get("faults", False), "faults"),
             "link_cpus": _cpus(extra.get("link_cpus")),
+            "idle_poll_ms": _non_negative(extra.get("idle_poll_ms", 10.0), "idle_poll_ms"),
+            "worker_spin_ms": None
+            if extra.get("worker_spin_ms", 5.0) is None
+            else _non_negative(extra.get("worker_spin_ms", 5.0), "worker_spin_ms"),
         }
         if values["fingerprint"] is not None and ":" not in str(values["fingerprint"]):
             raise ConfigError("kv_connector_extra_config.fingerprint: 'weights_sha256:arch_hash'")
@@ -160,6 +176,12 @@ def _bool(value: Any, key: str) -> bool:
 def _positive(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ConfigError(f"kv_connector_extra_config.{key}: a positive number expected")
+    return float(value)
+
+
+def _non_negative(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(f"kv_connector_extra_config.{key}: a number >= 0 expected")
     return float(value)
 
 

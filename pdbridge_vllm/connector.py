@@ -27,6 +27,7 @@ Requests carry pdbridge's ``kv_transfer_params`` (the gateway's push mode):
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -40,15 +41,23 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorTransferResults,
     SupportsHMA,
 )
-from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import MambaSpec
 
-from grpc_kv import api as kv
+from pdbridge_vllm import idle, topology
 from pdbridge_vllm import stats as connector_stats
-from pdbridge_vllm.config import FAULTS, ConnectorConfig, model_fingerprint, parse_fingerprint
-from pdbridge_vllm.layout import LAYOUT_ATTR, GroupLayout, KvLayout, LayerPages, cdiv, state_kind
+from pdbridge_vllm.config import (
+    FAULTS,
+    ConfigError,
+    ConnectorConfig,
+    model_fingerprint,
+    parse_fingerprint,
+)
+from pdbridge_vllm.layout import KvLayout
+from pdbridge_vllm.loading import Loader
 from pdbridge_vllm.metadata import LoadStart, PdbridgeMetadata, SaveEnd, SaveStep
-from pdbridge_vllm.pages import NULL_BLOCK, PageWriter, page_bytes, request_amx_permission
-from pdbridge_vllm.runtime import Incoming, Outgoing, Runtime
+from pdbridge_vllm.pages import request_amx_permission
+from pdbridge_vllm.runtime import PEER_ATTR, Runtime
+from pdbridge_vllm.sending import Sender
 from pdproto.http import clip_request_id
 from pdproto.kv import (
     DEADLINE_S,
@@ -96,6 +105,7 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
     ) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self.config = ConnectorConfig.from_extra(self._kv_transfer_config.kv_connector_extra_config)
+        topology.check_parallelism(vllm_config)
         self._producer = bool(self._kv_transfer_config.is_kv_producer)
         self._consumer = bool(self._kv_transfer_config.is_kv_consumer)
         self._group_ids = tuple(kv_cache_config.transfer_group_ids)
@@ -111,20 +121,25 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
         self._pending = PdbridgeMetadata()
         self._loading: dict[str, LoadStart] = {}
         self._local: dict[str, int] = {}
+        self._doorbell = (
+            idle.Doorbell()
+            if role == KVConnectorRole.SCHEDULER and self.config.idle_poll_ms > 0
+            else None
+        )
         # Worker side
         self._runtime: Runtime | None = None
         self._layout: KvLayout | None = None
-        self._caches: dict[str, list[torch.Tensor]] = {}
-        self._fingerprint: kv.Fingerprint | None = None
-        self._out: dict[str, Outgoing] = {}
-        self._next: dict[tuple[str, str], int] = {}
-        self._tokens: dict[str, int] = {}
-        self._faults: dict[str, str] = {}
-        self._ended: dict[str, Outgoing] = {}
-        # Requests whose blocks the scheduler holds (request_finished answered True) but that
-        # have no transfer to wait for (it never opened): reported finished at the next poll.
-        self._released: set[str] = set()
-        self._in: dict[str, Incoming] = {}
+        self._sender: Sender | None = None
+        self._loader: Loader | None = None
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: VllmConfig) -> str | None:
+        """Head-major pages (``[heads, block, 2 * head dim]`` per block): a decode rank's
+        heads are one contiguous run of a prefill rank's page, as vLLM's NIXL connector
+        asks for the same reason (the CPU backend has no other layout)."""
+        if vllm_config.model_config is None or vllm_config.model_config.use_mla:
+            return None
+        return "LBHNC"
 
     # ------------------------------------------------------------------ scheduler side
 
@@ -223,6 +238,7 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
         return tuple(list(group) for group in ids)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        self._idle(scheduler_output)
         meta, self._pending = self._pending, PdbridgeMetadata()
         if self._sending:
             manager = self._manager()
@@ -250,6 +266,18 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
                 meta.expired.append(req_id)
                 self._held[req_id] = float("inf")  # reported once; freed when the worker says so
         return meta
+
+    def _idle(self, scheduler_output: SchedulerOutput) -> None:
+        """A step with nothing to compute while transfers are only awaited: wait for a
+        worker's doorbell (a load or send ended) or ``idle_poll_ms``, rather than step every
+        millisecond with every worker spinning (pdbridge_vllm.idle)."""
+        if self._doorbell is None or scheduler_output.total_num_scheduled_tokens:
+            return
+        pending = self._pending
+        if pending.loads or pending.cancel_loads or pending.ends or pending.saves:
+            return
+        if self._loading or self._held:
+            self._doorbell.wait(self.config.idle_poll_ms / 1000)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, Any]:
         return self.request_finished_all_groups(request, (block_ids,))
@@ -310,72 +338,83 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
     # ------------------------------------------------------------------ worker side
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
-        self._caches = {
+        caches = {
             name: list(t) if isinstance(t, (list, tuple)) else [t] for name, t in kv_caches.items()
         }
-        request_amx_permission(self._caches)
-        groups = []
-        for gid in self._group_ids:
-            group = self._kv_cache_config.kv_cache_groups[gid]
-            spec = group.kv_cache_spec
-            if isinstance(spec, MambaSpec):
-                kind, window = "state", 0
-            elif isinstance(spec, SlidingWindowSpec):
-                kind, window = "sliding", cdiv(spec.sliding_window, spec.block_size) + 1
-            else:
-                kind, window = "full", 0
-            pages = []
-            for layer in group.layer_names:
-                tensors = self._caches[layer]
-                for i, tensor in enumerate(tensors):
-                    page = tensor[0]
-                    pages.append(
-                        LayerPages(
-                            name=layer if len(tensors) == 1 else f"{layer}#{i}",
-                            page_bytes=page.numel() * page.element_size(),
-                            dtype=str(page.dtype).removeprefix("torch."),
-                            page_shape=tuple(page.shape),
-                            kind=state_kind(i)
-                            if kind == "state"
-                            else (kv.LayerKind.SLIDING if kind == "sliding" else kv.LayerKind.FULL),
-                        )
-                    )
-            groups.append(GroupLayout(kind, spec.block_size, window, tuple(pages)))
-        self._layout = KvLayout(tuple(groups))
-        self._fingerprint = (
+        request_amx_permission(caches)
+        layout = self._layout = topology.build(self._vllm_config, self._kv_cache_config, caches)
+        fingerprint = (
             parse_fingerprint(self.config.fingerprint)
             if self.config.fingerprint
             else model_fingerprint(self._model)
         )
-        self._runtime = Runtime(self.config.link, self.config.tls(), self.config.link_cpus)
+        runtime = self._runtime = Runtime(
+            self.config.link, self.config.tls(), self.config.link_cpus
+        )
+        if self.config.idle_poll_ms > 0:
+            runtime.on_end = idle.Bell().ring
+        if self.config.worker_spin_ms is not None:
+            idle.quiet_spinning(self.config.worker_spin_ms / 1000)
+        parts = (runtime, layout, caches, fingerprint, self._spec_blocks)
+        if self._producer:
+            self._sender = Sender(*parts)
         if self._consumer:
-            if not self.config.listen:
-                raise ValueError("kv_connector_extra_config.listen: required for kv_consumer")
-            port = self._runtime.listen(self.config.listen, self.config.receiver)
-            log.info("pdbridge_kv_listening address=%s port=%d", self.config.listen, port)
+            self._loader = Loader(*parts)
+            port = runtime.listen(self._listen(layout), self.config.receiver)
+            if runtime.receiver is not None:
+                runtime.receiver.describe[PEER_ATTR] = json.dumps(
+                    {"tp": layout.tp, "rank": layout.rank}
+                )
+            log.info(
+                "pdbridge_kv_listening address=%s port=%d rank=%d/%d",
+                self.config.listen,
+                port,
+                layout.rank,
+                layout.tp,
+            )
         log.info(
-            "pdbridge_kv_ready role=%s groups=%s fingerprint=%s",
+            "pdbridge_kv_ready role=%s rank=%d/%d groups=%s fingerprint=%s",
             "producer" if self._producer else "consumer",
-            [g.kind for g in groups],
-            self._fingerprint,
+            layout.rank,
+            layout.tp,
+            [(g.kind, g.block_size, [p.page_shape for p in g.layers[:1]]) for g in layout.groups],
+            fingerprint,
         )
 
+    def _listen(self, layout: KvLayout) -> str:
+        """Where this decode rank's receiver listens: ``listen``'s port + the TP rank (the
+        prefill ranks reach rank r there, having asked rank 0 of the engine's size)."""
+        if not self.config.listen:
+            raise ConfigError("kv_connector_extra_config.listen: required for kv_consumer")
+        if layout.tp == 1:
+            return self.config.listen
+        host, _, port = self.config.listen.rpartition(":")
+        if not port.isdigit() or int(port) == 0:
+            raise ConfigError(
+                f"kv_connector_extra_config.listen: {self.config.listen!r}: tensor parallel "
+                f"{layout.tp} needs a fixed port (rank r listens on port + r)"
+            )
+        return f"{host}:{int(port) + layout.rank}"
+
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        """Before the step's forward pass: start this step's loads, end what the scheduler
+        ended, and open the transfers of newly scheduled prefill requests (Begin travels
+        while the step computes)."""
         if not self.has_connector_metadata():
             return
         meta = self._meta()
-        for load in meta.loads:
-            self._start_load(load)
-        for req_id in meta.cancel_loads:
-            incoming = self._in.get(req_id)
-            if incoming is not None:
-                incoming.cancel()
-        for end in meta.ends:
-            self._end(end)
-        for req_id in meta.expired:
-            out = self._ended.get(req_id)
-            if out is not None:
-                out.cancel(f"lease of {self.config.lease_s:g} s passed")
+        if self._loader is not None:
+            for load in meta.loads:
+                self._loader.start(load)
+            for req_id in meta.cancel_loads:
+                self._loader.cancel(req_id)
+        if self._sender is not None:
+            for end in meta.ends:
+                self._sender.end(end)
+            for req_id in meta.expired:
+                self._sender.expire(req_id, self.config.lease_s)
+            for step in meta.saves:
+                self._sender.open(step)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads complete before vLLM schedules the request (asynchronous loading)
@@ -390,18 +429,12 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
 
     def wait_for_save(self) -> None:
         """Queue every prefill request's pages computed in this step; the link sends them
-        from its own thread while vLLM runs the next step (the next chunk of a long prompt)."""
-        if not self.has_connector_metadata() or self._layout is None:
+        from its own thread while vLLM runs the next step (the next chunk of a long prompt).
+        The step that completes a prompt finishes its transfer."""
+        if not self.has_connector_metadata() or self._sender is None:
             return
         for step in self._meta().saves:
-            out = self._out.get(step.req_id) or self._open(step)
-            if out is None:
-                continue
-            for g, group in enumerate(self._layout.groups):
-                if group.kind != "state":
-                    self._send_ready(
-                        out, step.req_id, g, step.block_ids, step.computed, step.n_tokens
-                    )
+            self._sender.saved(step)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         results = self.get_transfer_results(finished_req_ids)
@@ -409,18 +442,12 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         results = KVConnectorTransferResults()
-        results.finished_sending.update(self._released)
-        self._released.clear()
-        for req_id, out in list(self._ended.items()):
-            if out.done.is_set():
-                del self._ended[req_id]
-                results.finished_sending.add(req_id)
-        for req_id, incoming in list(self._in.items()):
-            if incoming.done.is_set():
-                del self._in[req_id]
-                results.finished_recving.add(req_id)
-                if incoming.error is not None:
-                    results.failed_recving.add(req_id)
+        if self._sender is not None:
+            results.finished_sending.update(self._sender.finished())
+        if self._loader is not None:
+            ended, failed = self._loader.finished()
+            results.finished_recving.update(ended)
+            results.failed_recving.update(failed)
         return results
 
     def get_kv_connector_stats(self) -> Any:
@@ -446,135 +473,8 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
         )
 
     def shutdown(self) -> None:
+        if self._doorbell is not None:
+            self._doorbell.close()
         if self._runtime is not None:
             self._runtime.close()
             self._runtime = None
-
-    # ------------------------------------------------------------------ worker helpers
-
-    def _open(self, step: SaveStep) -> Outgoing | None:
-        if self._runtime is None or self._layout is None or self._fingerprint is None:
-            return None
-        fingerprint = self._fingerprint
-        if step.fault == "fingerprint":
-            fingerprint = kv.Fingerprint("0" * 64, fingerprint.arch_hash)
-        try:
-            header = kv.TransferHeader(
-                transfer_id=step.transfer_id,
-                fingerprint=fingerprint,
-                request_id=step.request_id,
-                layers=self._layout.manifest(step.n_tokens),
-                attrs={LAYOUT_ATTR: self._layout.to_attr(step.n_tokens)},
-            )
-        except ValueError as exc:
-            log.warning("pdbridge_kv_params_invalid request_id=%s: %s", step.req_id, exc)
-            return None
-        log.debug(
-            "pdbridge_kv_open req=%s n=%d computed=%d", step.req_id, step.n_tokens, step.computed
-        )
-        out = self._out[step.req_id] = Outgoing(self._runtime, step.destination, header)
-        self._tokens[step.req_id] = step.n_tokens
-        if step.fault is not None:
-            self._faults[step.req_id] = step.fault
-        for pages in (p for g in self._layout.groups for p in g.layers):
-            self._next[(step.req_id, pages.name)] = -1
-        return out
-
-    def _send_ready(
-        self, out: Outgoing, req_id: str, g: int, block_ids: BlockIds, computed: int, n_tokens: int
-    ) -> None:
-        """Queue the pages of group ``g``'s positions that are computed and not yet sent."""
-        if self._layout is None:
-            return
-        group = self._layout.groups[g]
-        positions = group.positions(n_tokens)
-        ready = min(group.ready_until(computed, n_tokens), positions.stop)
-        for pages in group.layers:
-            key = (req_id, pages.name)
-            start = max(self._next.get(key, -1), positions.start)
-            if start >= ready:
-                continue
-            ids = block_ids[g][start:ready]
-            if len(ids) != ready - start or NULL_BLOCK in ids:
-                out.cancel(f"blocks {start}..{ready} of {pages.name} are not held")
-                return
-            tensor = self._caches[pages.layer][pages.tensor]
-            data = page_bytes(tensor, ids)
-            if self._faults.get(req_id) == "zero_layer" and pages is self._layout.first_attention():
-                data = bytes(len(data))
-            out.send(pages.name, data, final=ready == positions.stop)
-            self._next[key] = ready
-
-    def _end(self, end: SaveEnd) -> None:
-        out = self._out.pop(end.req_id, None)
-        log.debug(
-            "pdbridge_kv_end req=%s ok=%s out=%s blocks=%s",
-            end.req_id,
-            end.ok,
-            out is not None,
-            end.block_ids,
-        )
-        keys = [k for k in self._next if k[0] == end.req_id]
-        if out is None or self._layout is None:
-            for k in keys:
-                del self._next[k]
-            if end.ok:
-                self._released.add(end.req_id)
-            return
-        first_state = next(
-            (p for g in self._layout.groups if g.kind == "state" for p in g.layers), None
-        )
-        if not end.ok:
-            out.cancel("the request was aborted")
-        else:
-            for g, group in enumerate(self._layout.groups):
-                if group.kind != "state":
-                    n_tokens = self._tokens[end.req_id]
-                    self._send_ready(out, end.req_id, g, end.block_ids, n_tokens, n_tokens)
-                    continue
-                slot = end.block_ids[g][-1:] if g < len(end.block_ids) else []
-                if not slot or slot[0] == NULL_BLOCK:
-                    out.cancel(f"no state slot for group {g}")
-                    break
-                for pages in group.layers:
-                    tensor = self._caches[pages.layer][pages.tensor]
-                    data = page_bytes(tensor, slot)
-                    if self._faults.get(end.req_id) == "zero_state" and pages is first_state:
-                        data = bytes(len(data))
-                    out.send(pages.name, data, final=True)
-            out.finish()
-        for k in keys:
-            del self._next[k]
-        self._tokens.pop(end.req_id, None)
-        self._faults.pop(end.req_id, None)
-        if end.ok:
-            self._ended[end.req_id] = out
-        # else: the scheduler freed the aborted request's blocks already (request_finished
-        # answered False); reporting it in finished_sending would name a request vLLM no
-        # longer knows (its scheduler asserts on that and the EngineCore dies).
-
-    def _start_load(self, load: LoadStart) -> None:
-        if self._runtime is None or self._layout is None or self._fingerprint is None:
-            return
-        layout = self._layout
-        writer = PageWriter(
-            layout,
-            self._caches,
-            load.block_ids,
-            load.n_tokens,
-            load.local_tokens,
-            self._spec_blocks,
-        )
-
-        def check(header: kv.TransferHeader) -> str | None:
-            return layout.check_attr(header.attrs.get(LAYOUT_ATTR), load.n_tokens)
-
-        self._in[load.req_id] = Incoming(
-            self._runtime,
-            load.transfer_id,
-            load.deadline_s,
-            self._fingerprint,
-            check,
-            writer.write,
-            request_id=load.request_id or load.req_id,
-        )

@@ -14,17 +14,33 @@ owns in that layer's group, in *position* order (the request's i-th block of the
 Each (layer, tensor) is one layer of the transfer's manifest, its pages concatenated; positions
 are implied by the layout, which travels in the header (``LAYOUT_ATTR``) so the decode side can
 refuse a transfer laid out for another configuration before writing any block.
+
+With tensor parallelism a page is one rank's shard (:mod:`pdbridge_vllm.shards`): the layout
+describes every tensor by its *global* page (all ranks together) and how TP splits it, so two
+engines at different TP sizes describe the same layout, and a transfer's header says which
+prefill rank sent it to which decode rank.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from grpc_kv.api import LayerKind, LayerSpec
+from pdbridge_vllm.shards import (
+    Plan,
+    ShardError,
+    ShardSpec,
+    global_shape,
+    plan,
+    sub_shape,
+)
+from pdbridge_vllm.shards import sources as shard_sources
 
 LAYOUT_ATTR = "pdbridge.vllm.layout"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 GROUP_KINDS = ("full", "sliding", "state")
 
 
@@ -37,10 +53,33 @@ class LayerPages:
     """One tensor of one layer: what a page (one block's bytes) of it is."""
 
     name: str  # the transfer's layer name: the vLLM layer name, plus "#i" for its i-th tensor
-    page_bytes: int
+    page_bytes: int  # this rank's page
     dtype: str
-    page_shape: tuple[int, ...]
+    page_shape: tuple[int, ...]  # this rank's page
     kind: LayerKind
+    #: How TP splits the page (None: as if along axis 0, evenly -- the connector knows no
+    #: better for this tensor, and refuses to pair engines at different TP sizes with it).
+    shard: ShardSpec | None = None
+
+    def spec(self, tp: int) -> ShardSpec:
+        if self.shard is not None:
+            return self.shard
+        return ShardSpec(0, (self.page_shape[0] * tp,))
+
+    def describe(self, tp: int) -> list[object]:
+        spec = self.spec(tp)
+        return [
+            self.name,
+            self.dtype,
+            list(global_shape(self.page_shape, spec)),
+            spec.describe(),
+            self.shard is not None,
+        ]
+
+    def part_bytes(self, tp: int, runs: tuple[tuple[int, int, int], ...]) -> int:
+        """Bytes of the part of one page that ``runs`` select."""
+        spec = self.spec(tp)
+        return self.page_bytes // self.page_shape[spec.axis] * sum(n for _, _, n in runs)
 
     @property
     def layer(self) -> str:
@@ -80,9 +119,12 @@ class GroupLayout:
 
 @dataclass(frozen=True)
 class KvLayout:
-    """The transfer layout of one vLLM instance (one per transfer group, in vLLM's order)."""
+    """The transfer layout of one vLLM worker (one per transfer group, in vLLM's order): this
+    rank's pages, and the engine's tensor-parallel size and this worker's rank in it."""
 
     groups: tuple[GroupLayout, ...]
+    tp: int = 1
+    rank: int = 0
 
     def group_of(self, layer_name: str) -> int | None:
         for index, group in enumerate(self.groups):
@@ -93,18 +135,55 @@ class KvLayout:
     def first_attention(self) -> LayerPages | None:
         return next((p for g in self.groups if g.kind != "state" for p in g.layers), None)
 
-    def manifest(self, n_tokens: int) -> tuple[LayerSpec, ...]:
+    def tensors(self) -> dict[str, LayerPages]:
+        return {p.name: p for g in self.groups for p in g.layers}
+
+    def specs(self, other_tp: int) -> dict[str, ShardSpec]:
+        """Every tensor's split, for pairing with an engine at ``other_tp``; raises
+        ShardError when the sizes differ and a tensor's split is unknown, or uneven."""
+        specs = {}
+        for pages in self.tensors().values():
+            if pages.shard is None and other_tp != self.tp:
+                raise ShardError(
+                    f"tensor parallel {self.tp} here, {other_tp} on the other side: the split "
+                    f"of {pages.name} ({pages.kind.name.lower()}) across ranks is not known to "
+                    "the connector; run both sides at the same tensor-parallel size"
+                )
+            spec = pages.spec(self.tp)
+            spec.check(self.tp)
+            spec.check(other_tp)
+            specs[pages.name] = spec
+        return specs
+
+    def plan_to(self, rank: int, tp: int) -> Plan:
+        """What this (prefill) rank sends decode rank ``rank`` of ``tp``."""
+        return plan(self.specs(tp), (self.rank, self.tp), (rank, tp))
+
+    def plan_from(self, rank: int, tp: int) -> Plan:
+        """What prefill rank ``rank`` of ``tp`` sends this (decode) rank."""
+        return plan(self.specs(tp), (rank, tp), (self.rank, self.tp))
+
+    def manifest(self, n_tokens: int, part: Plan | None = None) -> tuple[LayerSpec, ...]:
+        """The layers of a transfer of ``n_tokens``: every tensor's pages, or (``part``) the
+        parts of them one rank sends another."""
         specs = []
         for group in self.groups:
             count = len(group.positions(n_tokens))
             for pages in group.layers:
+                shape, size = pages.page_shape, pages.page_bytes
+                if part is not None:
+                    runs = part.tensors.get(pages.name)
+                    if not runs:
+                        continue
+                    shape = sub_shape(shape, pages.spec(self.tp), runs)
+                    size = pages.part_bytes(self.tp, runs)
                 specs.append(
                     LayerSpec(
                         name=pages.name,
                         kind=pages.kind,
                         dtype=pages.dtype,
-                        shape=pages.page_shape,
-                        length=count * pages.page_bytes,
+                        shape=shape,
+                        length=count * size,
                     )
                 )
         return tuple(specs)
@@ -113,33 +192,39 @@ class KvLayout:
         return sum(spec.length for spec in self.manifest(n_tokens))
 
     def describe(self) -> list[dict[str, object]]:
+        """The engine's layout, the same at every TP size (global pages and their splits)."""
         return [
             {
                 "kind": g.kind,
                 "block_size": g.block_size,
                 "window_blocks": g.window_blocks,
-                "layers": [[p.name, p.page_bytes, p.dtype, list(p.page_shape)] for p in g.layers],
+                "layers": [p.describe(self.tp) for p in g.layers],
             }
             for g in self.groups
         ]
 
-    def to_attr(self, n_tokens: int) -> str:
+    def to_attr(self, n_tokens: int, part: Plan | None = None, k: int = 0) -> str:
+        """The header attribute of a transfer (``part``: of sub-transfer ``k`` of a plan)."""
+        src, dst = (part.src, part.dst) if part is not None else ((self.rank, self.tp), (0, 1))
         return json.dumps(
-            {"version": LAYOUT_VERSION, "n_tokens": n_tokens, "groups": self.describe()},
+            {
+                "version": LAYOUT_VERSION,
+                "n_tokens": n_tokens,
+                "src": list(src),
+                "dst": list(dst),
+                "part": k,
+                "groups": self.describe(),
+            },
             separators=(",", ":"),
         )
 
-    def check_attr(self, text: str | None, n_tokens: int) -> str | None:
-        """Why a transfer whose header says ``text`` cannot be loaded here (None when it can):
-        another layout (model configuration, block size, dtype, window) or another token count."""
-        if not text:
-            return f"header: no {LAYOUT_ATTR} (not sent by pdbridge's vLLM connector)"
-        try:
-            theirs = json.loads(text)
-        except ValueError:
-            return f"header: {LAYOUT_ATTR} is not JSON"
-        if not isinstance(theirs, dict) or theirs.get("version") != LAYOUT_VERSION:
-            return f"header: {LAYOUT_ATTR} version {theirs!r:.40} is not {LAYOUT_VERSION}"
+    def check_attr(self, text: str | None, n_tokens: int, k: int = 0) -> str | None:
+        """Why a transfer whose header says ``text`` cannot be loaded by this (decode) rank
+        as its ``k``-th part (None when it can): another layout (model configuration, block
+        size, dtype, window), another token count, or a part meant for another rank."""
+        theirs, reason = self._parse(text)
+        if theirs is None:
+            return reason
         if theirs.get("n_tokens") != n_tokens:
             return (
                 f"header: the transfer carries {theirs.get('n_tokens')!r} tokens, "
@@ -150,7 +235,55 @@ class KvLayout:
                 "header: the KV layout differs from this engine's (another model "
                 "configuration, block size, dtype or window)"
             )
+        dst = theirs.get("dst")
+        if dst != [self.rank, self.tp]:
+            return (
+                f"header: the part is for decode rank {dst!r} ([rank, tensor parallel]), "
+                f"this is rank [{self.rank}, {self.tp}]"
+            )
+        src_rank, src_tp = self.source(text)
+        try:
+            expected = self.sources(src_tp)
+        except ShardError as exc:
+            return f"header: {exc}"
+        if theirs.get("part") != k or k >= len(expected) or expected[k] != src_rank:
+            return (
+                f"header: part {theirs.get('part')!r} comes from prefill rank {src_rank} of "
+                f"{src_tp}; this rank expects part {k} from rank "
+                f"{expected[k] if k < len(expected) else None} of {expected}"
+            )
         return None
+
+    def source(self, text: str | None) -> tuple[int, int]:
+        """The prefill (rank, tensor parallel) a header's attribute names ((0, 1) if none)."""
+        theirs, _ = self._parse(text)
+        src = theirs.get("src") if theirs else None
+        if (
+            isinstance(src, list)
+            and len(src) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in src)
+            and 0 <= src[0] < src[1]
+        ):
+            return src[0], src[1]
+        return 0, 1
+
+    def sources(self, src_tp: int) -> list[int]:
+        """The prefill ranks of an engine at ``src_tp`` that send this rank a part, in the
+        order of the parts."""
+        return shard_sources(self.specs(src_tp), self.rank, self.tp, src_tp)
+
+    @staticmethod
+    def _parse(text: str | None) -> tuple[Mapping[str, Any] | None, str]:
+        if not text:
+            return None, f"header: no {LAYOUT_ATTR} (not sent by pdbridge's vLLM connector)"
+        try:
+            theirs = json.loads(text)
+        except ValueError:
+            return None, f"header: {LAYOUT_ATTR} is not JSON"
+        if not isinstance(theirs, dict) or theirs.get("version") != LAYOUT_VERSION:
+            version = theirs.get("version") if isinstance(theirs, dict) else theirs
+            return None, f"header: {LAYOUT_ATTR} version {version!r:.40} is not {LAYOUT_VERSION}"
+        return theirs, ""
 
 
 def state_kind(tensor_index: int) -> LayerKind:

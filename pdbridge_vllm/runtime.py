@@ -1,6 +1,6 @@
 """The connector's network side, vLLM-free: one asyncio loop in a daemon thread of the vLLM
 worker process, holding grpc_kv's long-lived links (prefill role) and an embedded receiver
-(decode role).
+(decode role). One request's transfers are in :mod:`pdbridge_vllm.transfers`.
 
 vLLM calls the connector from its model-runner thread in the middle of forward passes; nothing
 here may block it on the network. The forward thread hands bytes to :meth:`Outgoing.send`
@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import threading
@@ -24,12 +25,18 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from grpc_kv import api as kv
+from grpc_kv import link as kv_link
 from pdproto.kv import KV_IMPORT_REFUSED, KV_PEER_REFUSED, KV_TIMEOUT, KV_UNREACHABLE
 
 log = logging.getLogger("vllm.pdbridge")  # under vLLM's logger: its handler and format
 T = TypeVar("T")
 
-_FINISH = object()
+#: The key of a decode rank's ``ReceiverServer.describe`` (answered in every Ping):
+#: ``{"tp": tensor-parallel size, "rank": this rank}``, JSON.
+PEER_ATTR = "pdbridge.vllm.consumer"
+#: How long a prefill rank trusts what a decode engine said of its ranks (a failed transfer
+#: to it forgets it at once: the engine may have restarted at another size).
+PEER_TTL_S = 60.0
 
 
 @dataclass
@@ -70,7 +77,7 @@ def failure_cause(exc: BaseException) -> str:
     """A short, stable cause for logs, metrics and ``kv_transfer_params``."""
     if isinstance(exc, kv.PeerRefused):
         return KV_PEER_REFUSED
-    if isinstance(exc, kv.ReceiverUnreachable):
+    if isinstance(exc, (kv.ReceiverUnreachable, kv.SenderLost)):
         return KV_UNREACHABLE
     if isinstance(exc, kv.FingerprintMismatch) or (
         isinstance(exc, kv.TransferRefused) and "fingerprint" in str(exc)
@@ -114,6 +121,21 @@ def _widen_affinity(cpus: tuple[int, ...] | None) -> None:
         log.info("pdbridge_kv_link_cpus cpus=%s", sorted(os.sched_getaffinity(0)))
 
 
+def peer_addresses(destination: str, attr: str | None) -> list[str]:
+    """Every rank's receiver address from rank ``destination``'s ``PEER_ATTR`` (see
+    :meth:`Runtime.peer`); a malformed one counts as a single rank."""
+    try:
+        said = json.loads(attr) if attr else {}
+        tp, rank = int(said["tp"]), int(said["rank"])
+    except (ValueError, TypeError, KeyError):
+        return [destination]
+    if not 0 <= rank < tp <= 1024:
+        return [destination]
+    host, _, port = destination.rpartition(":")
+    base = int(port) - rank
+    return [f"{host}:{base + r}" for r in range(tp)]
+
+
 class Runtime:
     """The loop thread, the link pool and (decode role) the receiver."""
 
@@ -130,6 +152,10 @@ class Runtime:
         self.receiver: kv.ReceiverServer | None = None
         self._lock = threading.Lock()
         self._stats = Stats()
+        self._peers: dict[str, tuple[float, list[str]]] = {}
+        #: Called (on the loop) whenever a transfer or load ends: the worker's doorbell
+        #: (pdbridge_vllm.idle), so an idle engine core steps at once to collect it.
+        self.on_end: Callable[[], None] | None = None
 
     def _run(self) -> None:
         _name_native_thread(b"pdbridge-kv")
@@ -157,9 +183,52 @@ class Runtime:
         port: int = self.call(start())
         return port
 
+    async def peer(self, destination: str) -> list[str]:
+        """The addresses of a decode engine's ranks, rank 0 first, from what the receiver at
+        ``destination`` says of itself (its ``PEER_ATTR``; rank ``r`` listens on rank 0's
+        port + ``r``). One address when it says nothing (a decode engine at TP 1 with an
+        older connector). Asked again after a failure to reach it, for as long as the link
+        lets an unreachable receiver be (``unreachable_ms``; ``timeout_ms`` when 0): then
+        ReceiverUnreachable, the same cause a transfer would end with."""
+        cached = self._peers.get(destination)
+        if cached is not None and time.monotonic() - cached[0] < PEER_TTL_S:
+            return cached[1]
+        options = self.options
+        patience = (options.unreachable_ms or options.timeout_ms) / 1000
+        give_up, attempt = time.monotonic() + patience, 0
+        while True:
+            link = self.pool.acquire(destination)
+            failed = True
+            try:
+                attrs = await link.describe()
+                failed = False
+                break
+            except kv_link.CONNECTION_ERRORS as exc:
+                if time.monotonic() >= give_up:
+                    raise kv.ReceiverUnreachable(
+                        f"{destination}: no answer to describe for {patience:g} s "
+                        f"({kv_link.describe_error(exc)})"
+                    ) from exc
+            finally:
+                await self.pool.release(link, failed=failed)
+            attempt += 1
+            await asyncio.sleep(min(options.backoff_ms / 1000 * 2 ** min(attempt, 6), 1.0))
+        addresses = peer_addresses(destination, attrs.get(PEER_ATTR))
+        self._peers[destination] = (time.monotonic(), addresses)
+        if len(addresses) > 1:
+            log.info("pdbridge_kv_peer destination=%s ranks=%s", destination, addresses)
+        return addresses
+
+    def forget_peer(self, destination: str) -> None:
+        self._peers.pop(destination, None)
+
     def record(self, update: Callable[[Stats], None]) -> None:
         with self._lock:
             update(self._stats)
+
+    def ended(self) -> None:
+        if self.on_end is not None:
+            self.on_end()
 
     def take_stats(self) -> Stats | None:
         with self._lock:
@@ -179,216 +248,3 @@ class Runtime:
             log.warning("pdbridge_kv_close_failed: %r", exc)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5.0)
-
-
-class Outgoing:
-    """One request's transfer to a decode site: bytes queued from the forward thread, sent on
-    the loop in order, finished or cancelled once. ``done`` is set when it ended either way;
-    ``error`` (a cause, see :func:`failure_cause`) and ``detail`` say why it failed."""
-
-    def __init__(self, runtime: Runtime, destination: str, header: kv.TransferHeader) -> None:
-        self.runtime = runtime
-        self.destination = destination
-        self.header = header
-        self.done = threading.Event()
-        self.summary: kv.TransferSummary | None = None
-        self.error: str | None = None
-        self.detail = ""
-        self.queued_bytes = 0
-        self._t0 = time.monotonic()
-        # Bound to the loop on first use (Python >= 3.10), so made here without a round trip.
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._ended = False
-        self._cancelled: str | None = None
-        runtime.spawn(self._run())
-
-    def send(self, name: str, data: bytes, final: bool) -> None:
-        if self._ended or self.done.is_set():
-            return  # failed already: nothing more to send, the result is on record
-        self.queued_bytes += len(data)
-        self.runtime.loop.call_soon_threadsafe(self._queue.put_nowait, (name, data, final))
-
-    def finish(self) -> None:
-        if not self._ended:
-            self._ended = True
-            self.runtime.loop.call_soon_threadsafe(self._queue.put_nowait, _FINISH)
-
-    def cancel(self, reason: str) -> None:
-        if not self._ended:
-            self._ended = True
-            # Read by the loop before its next layer too: the pages queued before the cancel
-            # are not sent (on a slow link that is seconds of bytes nobody will read).
-            self._cancelled = reason
-            self.runtime.loop.call_soon_threadsafe(self._queue.put_nowait, reason)
-
-    async def _run(self) -> None:
-        pool = self.runtime.pool
-        link = pool.acquire(self.destination)
-        failed = True
-        try:
-            async with kv.open_transfer(
-                self.destination, self.header, self.runtime.options, link=link
-            ) as tx:
-                while True:
-                    item = await self._queue.get()
-                    if self._cancelled is not None:
-                        item = self._cancelled
-                    if item is _FINISH:
-                        self.summary = await tx.finish()
-                        break
-                    if isinstance(item, str):
-                        raise kv.TransferError(f"cancelled: {item}")
-                    name, data, final = item
-                    await tx.send_layer(name, data, final=final)
-            failed = False
-        except Exception as exc:
-            self.error = failure_cause(exc)
-            self.detail = f"{type(exc).__name__}: {exc}"
-        finally:
-            await pool.release(link, failed=failed)
-            self._record()
-            self.done.set()
-
-    def _record(self) -> None:
-        seconds = time.monotonic() - self._t0
-        summary, error = self.summary, self.error
-
-        def update(stats: Stats) -> None:
-            if error is None and summary is not None:
-                stats.transfers += 1
-                stats.bytes_raw += summary.bytes_raw
-                stats.bytes_wire += summary.bytes_wire
-                stats.retransmits += summary.retransmits
-                stats.resumes += summary.resumes
-                stats.checksum_failures += summary.checksum_failures
-                stats.transfer_seconds.append(seconds)
-            else:
-                stats.transfers_failed += 1
-                cause = error or "kv_transfer_error"
-                stats.failures[cause] = stats.failures.get(cause, 0) + 1
-
-        self.runtime.record(update)
-        if error is None and summary is not None:
-            log.info(
-                "pdbridge_kv_sent transfer_id=%s request_id=%s bytes_raw=%d bytes_wire=%d "
-                "seconds=%.3f retransmits=%d resumes=%d",
-                self.header.transfer_id,
-                self.header.request_id,
-                summary.bytes_raw,
-                summary.bytes_wire,
-                seconds,
-                summary.retransmits,
-                summary.resumes,
-            )
-        else:
-            log.warning(
-                "pdbridge_kv_send_failed transfer_id=%s request_id=%s destination=%s cause=%s %s",
-                self.header.transfer_id,
-                self.header.request_id,
-                self.destination,
-                error,
-                self.detail,
-            )
-
-
-class Incoming:
-    """One request's load on the decode side: waits for the transfer (fingerprint checked by
-    the receiver at Begin), lets ``check`` refuse its header before any byte is written, hands
-    every verified segment to ``write`` (on the loop thread), all within ``deadline_s``."""
-
-    def __init__(
-        self,
-        runtime: Runtime,
-        transfer_id: str,
-        deadline_s: float,
-        fingerprint: kv.Fingerprint,
-        check: Callable[[kv.TransferHeader], str | None],
-        write: Callable[[kv.Segment], None],
-        request_id: str = "",
-    ) -> None:
-        self.runtime = runtime
-        self.transfer_id = transfer_id
-        self.request_id = request_id
-        self.deadline_s = deadline_s
-        self.done = threading.Event()
-        self.error: str | None = None
-        self.detail = ""
-        self.bytes = 0
-        self._fingerprint = fingerprint
-        self._check = check
-        self._write = write
-        self._t0 = time.monotonic()
-        self._future = runtime.spawn(self._run())
-        self._task: asyncio.Task[None] | None = None
-
-    def cancel(self) -> None:
-        """End the load now (its request was aborted); it is reported failed."""
-
-        def cancel() -> None:
-            if self._task is not None:
-                self._task.cancel()
-
-        self.runtime.loop.call_soon_threadsafe(cancel)
-
-    async def _run(self) -> None:
-        self._task = asyncio.ensure_future(asyncio.wait_for(self._load(), self.deadline_s))
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            self.error = "kv_cancelled"
-            self.detail = "the request was aborted"
-        except Exception as exc:
-            self.error = failure_cause(exc)
-            self.detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        finally:
-            self._record()
-            self.done.set()
-
-    async def _load(self) -> None:
-        receiver = self.runtime.receiver
-        if receiver is None:
-            raise kv.TransferRefused("this engine has no KV receiver (kv_role kv_consumer)")
-        reader = await receiver.open(
-            self.transfer_id, self.deadline_s, expect_fingerprint=self._fingerprint
-        )
-        async with reader:
-            header = reader.header
-            if header is None:
-                raise LayoutRefused("header: missing")
-            reason = self._check(header)
-            if reason is not None:
-                raise LayoutRefused(reason)
-            async for segment in reader:
-                self._write(segment)
-                self.bytes += len(segment.data)
-
-    def _record(self) -> None:
-        seconds = time.monotonic() - self._t0
-        error = self.error
-
-        def update(stats: Stats) -> None:
-            stats.load_wait_seconds.append(seconds)
-            if error is None:
-                stats.loads += 1
-            else:
-                stats.loads_failed += 1
-                stats.failures[error] = stats.failures.get(error, 0) + 1
-
-        self.runtime.record(update)
-        if error is None:
-            log.info(
-                "pdbridge_kv_loaded transfer_id=%s request_id=%s bytes=%d seconds=%.3f",
-                self.transfer_id,
-                self.request_id,
-                self.bytes,
-                seconds,
-            )
-        else:
-            log.warning(
-                "pdbridge_kv_load_failed transfer_id=%s request_id=%s cause=%s seconds=%.3f %s",
-                self.transfer_id,
-                self.request_id,
-                error,
-                seconds,
-                self.detail,
-            )

@@ -152,8 +152,24 @@ class Pair:
     certs: dict[str, Any] = field(default_factory=dict)
     kv_host: str = "127.0.0.1"
 
+    #: With ``both`` (kv_both engines): the producer's own receiver port, for :meth:`reversed`.
+    producer_kv_port: int = 0
+
     def __repr__(self) -> str:
         return f"Pair({self.model}, {self.producer!r}, {self.consumer!r}, kv={self.kv_port})"
+
+    def reversed(self) -> Pair:
+        """The same two engines the other way round (kv_both engines only)."""
+        assert self.producer_kv_port, "only a pair started with both=True"
+        return Pair(
+            self.model,
+            self.consumer,
+            self.producer,
+            self.producer_kv_port,
+            self.certs,
+            self.kv_host,
+            self.kv_port,
+        )
 
     @property
     def kv_destination(self) -> str:
@@ -260,7 +276,11 @@ def _build_models() -> None:
 
 
 def _connector_config(
-    role: str, certs: dict[str, Any], kv_listen: str, failure_policy: str
+    role: str,
+    certs: dict[str, Any],
+    kv_listen: str,
+    failure_policy: str,
+    both: bool = False,
 ) -> dict[str, Any]:
     node = certs[role]
     extra: dict[str, Any] = {
@@ -276,14 +296,43 @@ def _connector_config(
     config: dict[str, Any] = {
         "kv_connector": "PdbridgeConnector",
         "kv_connector_module_path": "pdbridge_vllm.connector",
-        "kv_role": "kv_producer" if role == "producer" else "kv_consumer",
+        "kv_role": "kv_both" if both else "kv_producer" if role == "producer" else "kv_consumer",
         "kv_connector_extra_config": extra,
     }
-    if role == "consumer":
+    if role == "consumer" or both:
         extra["listen"] = kv_listen
-        extra["allowed_peers"] = ["vllm-producer"]
+        extra["allowed_peers"] = ["vllm-producer", "vllm-consumer"] if both else ["vllm-producer"]
         config["kv_load_failure_policy"] = failure_policy
     return config
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive unused loopback ports (a decode engine at tensor
+    parallel ``count`` listens on port + rank)."""
+    import socket
+
+    for _ in range(200):
+        first = free_port()
+        sockets = []
+        try:
+            for offset in range(count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", first + offset))
+            return first
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise AssertionError(f"no {count} consecutive free ports")
+
+
+def cores_for(first: int, count: int) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for an engine of ``count`` ranks from core ``first``
+    on (one core per rank, wrapping around this host's cores)."""
+    cpus = max(1, os.cpu_count() or 1)
+    return "|".join(str((first + i) % cpus) for i in range(count))
 
 
 #: Where a pair's engines run: the address each one serves on and is reached at, and the
@@ -300,6 +349,8 @@ def start_pair(
     placement: Placement = LOOPBACK,
     max_model_len: int = 4096,
     kv_transfer_config: Callable[[str], dict[str, Any]] | None = None,
+    tensor_parallel: tuple[int, int] = (1, 1),
+    both: bool = False,
 ) -> Pair:
     """A producer and a consumer of ``arch``. ``failure_policy``: the consumer's
     ``kv_load_failure_policy`` (``recompute`` here by default, so that a failed load still
@@ -307,7 +358,10 @@ def start_pair(
     sets, for the gateway's fallback). ``placement``: see :data:`Placement` (the consumer's
     receiver listens on its address). ``kv_transfer_config``: role -> vLLM's
     ``--kv-transfer-config``, instead of pdbridge's connector (``make bench-vllm`` runs vLLM's
-    ExampleConnector this way)."""
+    ExampleConnector this way). ``tensor_parallel``: the producer's and the consumer's sizes
+    (each rank on a core of its own where the host has them). ``both``: two ``kv_both``
+    engines, each with a receiver: :meth:`Pair.reversed` sends the other way (one start for
+    both directions of a tensor-parallel pairing)."""
     _build_models()
     model = str(MODELS / arch)
     ca = create_ca(tmp / "ca")
@@ -317,7 +371,9 @@ def start_pair(
         "producer": create_node_cert(ca, tmp / "nodes", "vllm-producer"),
         "consumer": create_node_cert(ca, tmp / "nodes", "vllm-consumer", sans=[kv_host]),
     }
-    kv_port = free_port()
+    sizes = dict(zip(("producer", "consumer"), tensor_parallel, strict=True))
+    kv_port = free_ports(sizes["consumer"])
+    kv_ports = {"consumer": kv_port, "producer": free_ports(sizes["producer"]) if both else 0}
     engines = {}
     for core, role in enumerate(("producer", "consumer")):
         env = dict(os.environ)
@@ -326,7 +382,7 @@ def start_pair(
                 "VLLM_CPU_KVCACHE_SPACE": "1",
                 "HF_HUB_OFFLINE": "1",
                 # One core each: by default both servers bind core 0.
-                "VLLM_CPU_OMP_THREADS_BIND": str(core % max(1, os.cpu_count() or 1)),
+                "VLLM_CPU_OMP_THREADS_BIND": cores_for(core, sizes[role]),
                 "PYTHONPATH": str(ROOT),
                 "VLLM_LOGGING_LEVEL": "INFO",
             }
@@ -337,7 +393,7 @@ def start_pair(
         config = (
             kv_transfer_config(role)
             if kv_transfer_config
-            else _connector_config(role, certs, f"{kv_host}:{kv_port}", failure_policy)
+            else _connector_config(role, certs, f"{kv_host}:{kv_ports[role]}", failure_policy, both)
         )
         argv = [
             *prefix,
@@ -357,6 +413,8 @@ def start_pair(
             # prompt: equality then says something about the transfer.
             "--no-enable-prefix-caching",
             *extra_args,
+            "--tensor-parallel-size",
+            str(sizes[role]),
             "--kv-transfer-config",
             json.dumps(config),
         ]
@@ -376,13 +434,22 @@ def start_pair(
     # the consumer's 30 s no-progress TTL while its producer still computes. Serving warms
     # its engines before traffic; the tests warm the producer only, so that a test's first
     # remote request stays the decode engine's first request ever (the AMX case).
-    producer = engines["producer"]
-    status, answer = post(
-        producer.url + "/v1/completions",
-        {"model": model, "prompt": prompt_of(300, seed=99), "max_tokens": 2},
+    for role in ("producer", "consumer") if both else ("producer",):
+        engine = engines[role]
+        status, answer = post(
+            engine.url + "/v1/completions",
+            {"model": model, "prompt": prompt_of(300, seed=99), "max_tokens": 2},
+        )
+        assert status == 200, f"warm-up of {engine}: {answer}"
+    return Pair(
+        model,
+        engines["producer"],
+        engines["consumer"],
+        kv_port,
+        certs,
+        kv_host,
+        kv_ports["producer"],
     )
-    assert status == 200, f"warm-up of {producer}: {answer}"
-    return Pair(model, engines["producer"], engines["consumer"], kv_port, certs, kv_host)
 
 
 @pytest.fixture(scope="module")

@@ -188,7 +188,7 @@ def _map_error(exc: BaseException) -> TransferError:
         return TransferRejected(text)
     if isinstance(exc, kv.PeerRefused):
         return TransferPeerRefused(text)
-    if isinstance(exc, kv.ReceiverUnreachable):
+    if isinstance(exc, (kv.ReceiverUnreachable, kv.SenderLost)):
         return TransferUnreachable(text)
     if isinstance(exc, kv.TransferTimeout) or "deadline" in text:
         return TransferTimeout(text)
