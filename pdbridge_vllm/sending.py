@@ -18,7 +18,7 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.utils import clip_ssm_state_blocks
 
 from grpc_kv import api as kv
-from pdbridge_vllm.layout import KvLayout
+from pdbridge_vllm.layout import KvLayout, LayerPages
 from pdbridge_vllm.metadata import BlockIds, SaveEnd, SaveStep
 from pdbridge_vllm.pages import NULL_BLOCK, Cutter, copy_pages
 from pdbridge_vllm.runtime import Runtime
@@ -137,31 +137,58 @@ class Sender:
 
     # ---------------------------------------------------------------------------------
 
+    def layer_saved(self, layer: str, steps: list[SaveStep]) -> None:
+        """Right after attention layer ``layer``'s forward in this step (vLLM's
+        ``save_kv_layer``): queue that layer's pages the step completed, so they travel while
+        the step's later layers compute (with a one-step prompt, the whole transfer would
+        otherwise wait for the whole forward pass)."""
+        g = self._layout.group_of(layer)
+        if g is None or self._layout.groups[g].kind == "state":
+            return
+        group = self._layout.groups[g]
+        for step in steps:
+            out = self._out.get(step.req_id)
+            if out is None or out.done.is_set():
+                continue
+            for pages in group.layers:
+                if pages.layer == layer:
+                    self._send_pages(out, step, g, pages)
+
     def _send_attention(
         self, out: Outgoing, req_id: str, block_ids: BlockIds, computed: int, n_tokens: int
     ) -> None:
-        """Queue, group by group, the pages of positions computed and not yet sent."""
+        """Queue, group by group, the pages of positions computed and not yet sent (those
+        ``layer_saved`` did not send already)."""
+        step = SaveStep(req_id, "", "", "", n_tokens, computed, block_ids)
         for g, group in enumerate(self._layout.groups):
             if group.kind == "state":
                 continue
-            positions = group.positions(n_tokens)
-            ready = min(group.ready_until(computed, n_tokens), positions.stop)
             for pages in group.layers:
-                key = (req_id, pages.name)
-                start = max(self._next.get(key, -1), positions.start)
-                if start >= ready:
-                    continue
-                ids = block_ids[g][start:ready]
-                if len(ids) != ready - start or NULL_BLOCK in ids:
-                    out.cancel(f"blocks {start}..{ready} of {pages.name} are not held")
+                if not self._send_pages(out, step, g, pages):
                     return
-                data = copy_pages(self._caches[pages.layer][pages.tensor], ids)
-                if self._faults.get(req_id) == "zero_layer" and (
-                    pages is self._layout.first_attention()
-                ):
-                    data = torch.zeros_like(data)
-                out.send(pages.name, data, final=ready == positions.stop)
-                self._next[key] = ready
+
+    def _send_pages(self, out: Outgoing, step: SaveStep, g: int, pages: LayerPages) -> bool:
+        """Queue ``pages``' positions that ``step`` completed and that are not sent yet;
+        False when the request's blocks are not all held (the transfer is cancelled)."""
+        group = self._layout.groups[g]
+        positions = group.positions(step.n_tokens)
+        ready = min(group.ready_until(step.computed, step.n_tokens), positions.stop)
+        key = (step.req_id, pages.name)
+        start = max(self._next.get(key, -1), positions.start)
+        if start >= ready:
+            return True
+        ids = step.block_ids[g][start:ready]
+        if len(ids) != ready - start or NULL_BLOCK in ids:
+            out.cancel(f"blocks {start}..{ready} of {pages.name} are not held")
+            return False
+        data = copy_pages(self._caches[pages.layer][pages.tensor], ids)
+        if self._faults.get(step.req_id) == "zero_layer" and (
+            pages is self._layout.first_attention()
+        ):
+            data = torch.zeros_like(data)
+        out.send(pages.name, data, final=ready == positions.stop)
+        self._next[key] = ready
+        return True
 
     def _send_states(self, out: Outgoing, req_id: str, block_ids: BlockIds) -> None:
         """Queue every linear-attention layer's state slot (the running slot of its group)."""

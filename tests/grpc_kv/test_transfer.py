@@ -419,3 +419,44 @@ def test_auto_sends_the_first_chunks_without_waiting_for_the_rate_probe():
     assert set(summary.codecs) == {"zstd-byteplane"}  # unknown rate: compress bf16
     assert measured is not None
     assert measured[1] > 0
+
+
+def test_the_rate_probe_never_shares_the_link_with_a_transfer():
+    """The probe is asked for by the first chunks of a transfer on a link of unknown rate,
+    but it waits until no transfer is open on the link: inside one it stretched a vLLM
+    request's tail (0.2 -> 0.58 s) and misread the link (43-222 Mbit/s on 200). A transfer
+    kept open for a second -- three probes' time -- ends with the rate still unknown; it is
+    measured once the link is idle."""
+    from grpc_kv import link as link_module
+    from grpc_kv.link import Link
+
+    data = bf16_normal(256 << 10)
+    options = LinkOptions(chunk_size_bytes=64 << 10, compression="auto", timeout_ms=20_000)
+
+    async def scenario():
+        async with receiver() as (server, target):
+            link = Link(target, options, INSECURE)
+            link_module._MEASURED.pop(target, None)
+            try:
+                header = make_header({"kv": 4 * len(data)})
+                consumer = asyncio.create_task(collect(server, header.transfer_id))
+                async with open_transfer(target, header, options, link=link) as tx:
+                    for i in range(4):
+                        await tx.send_layer("kv", data, final=i == 3)
+                        await asyncio.sleep(0.25)
+                    summary = await tx.finish()
+                    known_inside = target in link_module._MEASURED
+                await consumer
+                deadline = time.monotonic() + 30
+                while target not in link_module._MEASURED and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                return known_inside, summary, link_module._MEASURED.get(target)
+            finally:
+                await link.close()
+
+    known_inside, summary, measured = run(scenario())
+
+    assert not known_inside
+    assert summary.bytes_raw == 4 * len(data)
+    assert measured is not None
+    assert measured[1] > 0

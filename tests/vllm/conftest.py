@@ -281,6 +281,7 @@ def _connector_config(
     kv_listen: str,
     failure_policy: str,
     both: bool = False,
+    link: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     node = certs[role]
     extra: dict[str, Any] = {
@@ -290,7 +291,9 @@ def _connector_config(
         "faults": True,
         # The fault tests cut and slow the link: a long deadline, small chunks (a cut lands
         # mid-transfer), and the deadline a decode request waits by default.
-        "link": {"timeout_ms": 60000, "chunk_size_bytes": 128 * 1024, "retry": 8},
+        "link": link
+        if link is not None
+        else {"timeout_ms": 60000, "chunk_size_bytes": 128 * 1024, "retry": 8},
         "deadline_s": 60,
     }
     config: dict[str, Any] = {
@@ -351,6 +354,7 @@ def start_pair(
     kv_transfer_config: Callable[[str], dict[str, Any]] | None = None,
     tensor_parallel: tuple[int, int] = (1, 1),
     both: bool = False,
+    link: dict[str, Any] | None = None,
 ) -> Pair:
     """A producer and a consumer of ``arch``. ``failure_policy``: the consumer's
     ``kv_load_failure_policy`` (``recompute`` here by default, so that a failed load still
@@ -361,7 +365,8 @@ def start_pair(
     ExampleConnector this way). ``tensor_parallel``: the producer's and the consumer's sizes
     (each rank on a core of its own where the host has them). ``both``: two ``kv_both``
     engines, each with a receiver: :meth:`Pair.reversed` sends the other way (one start for
-    both directions of a tensor-parallel pairing)."""
+    both directions of a tensor-parallel pairing). ``link``: the connector's ``link`` options
+    (default: the fault tests' small chunks and long deadline)."""
     _build_models()
     model = str(MODELS / arch)
     ca = create_ca(tmp / "ca")
