@@ -74,10 +74,10 @@ class ConnectorConfig:
     #: With nothing to compute and only transfers to wait for, the engine core waits this
     #: long at most for a worker to say one ended, instead of stepping every millisecond
     #: (pdbridge_vllm.idle). 0: vLLM's own stepping.
-    idle_poll_ms: float = 10.0
+    idle_poll_ms: float = 100.0
     #: A worker's shared-memory readers spin this long after a message, then sleep (vLLM:
     #: 1000). None: vLLM's own.
-    worker_spin_ms: float | None = 5.0
+    worker_spin_ms: float | None = 1.0
     #: Prefill: queue each attention layer's pages of a step right after that layer's
     #: forward (vLLM's save_kv_layer), not after the whole step.
     layerwise: bool = True
@@ -107,10 +107,10 @@ class ConnectorConfig:
             "faults": _bool(extra.get("faults", False), "faults"),
             "link_cpus": _cpus(extra.get("link_cpus")),
             "layerwise": _bool(extra.get("layerwise", True), "layerwise"),
-            "idle_poll_ms": _non_negative(extra.get("idle_poll_ms", 10.0), "idle_poll_ms"),
+            "idle_poll_ms": _non_negative(extra.get("idle_poll_ms", 100.0), "idle_poll_ms"),
             "worker_spin_ms": None
-            if extra.get("worker_spin_ms", 5.0) is None
-            else _non_negative(extra.get("worker_spin_ms", 5.0), "worker_spin_ms"),
+            if extra.get("worker_spin_ms", 1.0) is None
+            else _non_negative(extra.get("worker_spin_ms", 1.0), "worker_spin_ms"),
         }
         if values["fingerprint"] is not None and ":" not in str(values["fingerprint"]):
             raise ConfigError("kv_connector_extra_config.fingerprint: 'weights_sha256:arch_hash'")
