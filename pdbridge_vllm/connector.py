@@ -56,7 +56,7 @@ from pdbridge_vllm.layout import KvLayout
 from pdbridge_vllm.loading import Loader
 from pdbridge_vllm.metadata import LoadStart, PdbridgeMetadata, SaveEnd, SaveStep
 from pdbridge_vllm.pages import request_amx_permission
-from pdbridge_vllm.runtime import PEER_ATTR, Runtime
+from pdbridge_vllm.runtime import PEER_ATTR, Runtime, Worker
 from pdbridge_vllm.sending import Sender
 from pdproto.http import clip_request_id
 from pdproto.kv import (
@@ -355,11 +355,11 @@ class PdbridgeConnector(KVConnectorBase_V1, SupportsHMA):
             runtime.on_end = idle.Bell().ring
         if self.config.worker_spin_ms is not None:
             idle.quiet_spinning(self.config.worker_spin_ms / 1000)
-        parts = (runtime, layout, caches, fingerprint, self._spec_blocks)
+        worker = Worker(runtime, layout, caches, fingerprint, self._spec_blocks)
         if self._producer:
-            self._sender = Sender(*parts)
+            self._sender = Sender(worker)
         if self._consumer:
-            self._loader = Loader(*parts)
+            self._loader = Loader(worker)
             port = runtime.listen(self._listen(layout), self.config.receiver)
             if runtime.receiver is not None:
                 runtime.receiver.describe[PEER_ATTR] = json.dumps(

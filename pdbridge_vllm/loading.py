@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 from vllm.distributed.kv_transfer.kv_connector.utils import clip_ssm_state_blocks
 
 from grpc_kv import api as kv
-from pdbridge_vllm.layout import LAYOUT_ATTR, KvLayout
+from pdbridge_vllm.layout import LAYOUT_ATTR
 from pdbridge_vllm.metadata import LoadStart
 from pdbridge_vllm.pages import PageWriter
-from pdbridge_vllm.runtime import LayoutRefused, Runtime
+from pdbridge_vllm.runtime import LayoutRefused, Worker
 from pdbridge_vllm.transfers import Incoming
 
 
@@ -20,19 +19,12 @@ class Loader:
     """One decode worker's incoming loads. Called from the model-runner thread; the loads
     run on the runtime's loop, which also writes the pages."""
 
-    def __init__(
-        self,
-        runtime: Runtime,
-        layout: KvLayout,
-        caches: dict[str, list[torch.Tensor]],
-        fingerprint: kv.Fingerprint,
-        spec_blocks: list[int],
-    ) -> None:
-        self._runtime = runtime
-        self._layout = layout
-        self._caches = caches
-        self._fingerprint = fingerprint
-        self._spec_blocks = spec_blocks
+    def __init__(self, worker: Worker) -> None:
+        self._runtime = worker.runtime
+        self._layout = worker.layout
+        self._caches = worker.caches
+        self._fingerprint = worker.fingerprint
+        self._spec_blocks = worker.spec_blocks
         self._in: dict[str, Incoming] = {}
 
     def start(self, load: LoadStart) -> None:

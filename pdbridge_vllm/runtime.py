@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from grpc_kv import api as kv
 from grpc_kv import link as kv_link
+from pdbridge_vllm.layout import KvLayout
 from pdproto.kv import KV_IMPORT_REFUSED, KV_PEER_REFUSED, KV_TIMEOUT, KV_UNREACHABLE
 
 log = logging.getLogger("vllm.pdbridge")  # under vLLM's logger: its handler and format
@@ -134,6 +135,19 @@ def peer_addresses(destination: str, attr: str | None) -> list[str]:
     host, _, port = destination.rpartition(":")
     base = int(port) - rank
     return [f"{host}:{base + r}" for r in range(tp)]
+
+
+@dataclass(frozen=True)
+class Worker:
+    """What one worker's sending and loading sides share: the link runtime, this rank's
+    layout and registered caches (layer -> tensors), the model's fingerprint, and each
+    KV-cache group's speculative state blocks (vLLM's ``num_speculative_blocks``)."""
+
+    runtime: Runtime
+    layout: KvLayout
+    caches: dict[str, list[Any]]
+    fingerprint: kv.Fingerprint
+    spec_blocks: list[int]
 
 
 class Runtime:

@@ -18,10 +18,10 @@ import torch
 from vllm.distributed.kv_transfer.kv_connector.utils import clip_ssm_state_blocks
 
 from grpc_kv import api as kv
-from pdbridge_vllm.layout import KvLayout, LayerPages
+from pdbridge_vllm.layout import LayerPages
 from pdbridge_vllm.metadata import BlockIds, SaveEnd, SaveStep
 from pdbridge_vllm.pages import NULL_BLOCK, Cutter, copy_pages
-from pdbridge_vllm.runtime import Runtime
+from pdbridge_vllm.runtime import Worker
 from pdbridge_vllm.transfers import Outgoing, Request
 
 log = logging.getLogger("vllm.pdbridge")
@@ -31,20 +31,13 @@ class Sender:
     """One prefill worker's outgoing transfers (see the module docstring). Called from the
     model-runner thread only; the transfers themselves run on the runtime's loop."""
 
-    def __init__(
-        self,
-        runtime: Runtime,
-        layout: KvLayout,
-        caches: dict[str, list[torch.Tensor]],
-        fingerprint: kv.Fingerprint,
-        spec_blocks: list[int],
-    ) -> None:
-        self._runtime = runtime
-        self._layout = layout
-        self._caches = caches
-        self._fingerprint = fingerprint
-        self._spec_blocks = spec_blocks
-        self._cut = Cutter(layout)
+    def __init__(self, worker: Worker) -> None:
+        self._runtime = worker.runtime
+        self._layout = worker.layout
+        self._caches = worker.caches
+        self._fingerprint = worker.fingerprint
+        self._spec_blocks = worker.spec_blocks
+        self._cut = Cutter(worker.layout)
         self._out: dict[str, Outgoing] = {}
         self._next: dict[tuple[str, str], int] = {}
         self._faults: dict[str, str] = {}
