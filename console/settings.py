@@ -113,7 +113,14 @@ try:
 except (ValueError, KeyError) as exc:
     raise ImproperlyConfigured(f"DATABASE_URL: cannot parse ({exc})") from None
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    _name = str(DATABASES["default"]["NAME"] or "")
+    if _name and _name != ":memory:" and not _name.startswith("file:"):
+        _sqlite = Path(_name)
+        _sqlite.parent.mkdir(parents=True, exist_ok=True)
+        # The embedded database holds users' password hashes, audit and API tokens: readable
+        # by its owner only (SQLite gives its journal and WAL files the database's mode).
+        os.close(os.open(_sqlite, os.O_CREAT | os.O_RDWR, 0o600))
+        _sqlite.chmod(0o600)
     # Several processes (console, worker, beat) share the embedded database.
     DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
     DATABASES["default"]["CONN_MAX_AGE"] = 0

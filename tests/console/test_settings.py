@@ -87,3 +87,15 @@ def test_production_settings_accept_a_complete_environment():
     )
 
     assert result.returncode == 0, result.stderr
+
+
+def test_the_embedded_database_file_is_readable_by_its_owner_only(tmp_path):
+    """It holds password hashes, the audit log and API tokens: mode 0600, created so and
+    tightened when an older run left it wider."""
+    db = tmp_path / "pdbridge.sqlite3"
+    url = f"sqlite:///{db}"
+    assert _import_settings(PDBRIDGE_ENV="test", DATABASE_URL=url).returncode == 0
+    assert db.stat().st_mode & 0o777 == 0o600
+    db.chmod(0o644)
+    assert _import_settings(PDBRIDGE_ENV="test", DATABASE_URL=url).returncode == 0
+    assert db.stat().st_mode & 0o777 == 0o600
