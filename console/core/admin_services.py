@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.http import HttpResponseRedirect
+from rest_framework.exceptions import APIException
 
 
 class ServiceModelAdmin(admin.ModelAdmin):
@@ -36,9 +38,33 @@ class ServiceModelAdmin(admin.ModelAdmin):
     def delete_model(self, request: Any, obj: Any) -> None:
         self.delete_service(actor=request.user, **{self.instance_kwarg: obj})
 
+    def delete_view(self, request: Any, object_id: str, extra_context: Any = None) -> Any:
+        """A delete its service refuses (409: the object is in use) is shown as the
+        service's reason on the object's page; nothing is deleted (the view's transaction
+        rolls back)."""
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except APIException as exc:
+            self.message_user(request, _detail(exc), messages.ERROR)
+            return HttpResponseRedirect(request.path.rsplit("/delete/", 1)[0] + "/change/")
+
     def delete_queryset(self, request: Any, queryset: Any) -> None:
         for obj in queryset:
             self.delete_model(request, obj)
+
+    def response_action(self, request: Any, queryset: Any) -> Any:
+        try:
+            return super().response_action(request, queryset)
+        except APIException as exc:
+            self.message_user(request, _detail(exc), messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+
+
+def _detail(exc: APIException) -> str:
+    detail = exc.detail
+    if isinstance(detail, dict):
+        return "; ".join(f"{k}: {v}" for k, v in detail.items())
+    return str(detail)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

@@ -21,6 +21,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from console.core.api.exceptions import Conflict
 from console.core.choices import AuditAction
 from console.core.crud import Actor, audited_create, audited_delete, audited_update
 from console.core.services import audit_record
@@ -100,7 +101,28 @@ def node_update(*, actor: Actor, node: Node, **fields: Any) -> Node:
 
 @transaction.atomic
 def node_delete(*, actor: Actor, node: Node) -> None:
-    """Delete a node (a pool still listing it keeps working without it; its config changes)."""
+    """Delete a node (a pool still listing it keeps working without it; its config changes).
+    Refused (409) while it serves a deploying or active deployment and is not drained from
+    that pool: its engine would keep running, unwatched, and the pool could be left empty."""
+    from console.deployments.choices import DeploymentState
+
+    serving = [
+        pool
+        for pool in node.pools.select_related("deployment", "site")
+        if pool.deployment.state in (DeploymentState.DEPLOYING, DeploymentState.ACTIVE)
+        and not pool.drained_nodes.filter(pk=node.pk).exists()
+    ]
+    if serving:
+        where = "; ".join(
+            f"deployment {p.deployment.name} ({p.deployment.state}), {p.role} pool {p.pk} at "
+            f"site {p.site.name}"
+            for p in serving
+        )
+        raise Conflict(
+            f"Node {node.hostname} serves {where}. Drain it first (POST "
+            f"/api/pools/{serving[0].pk}/drain/ with drain: [{node.pk}]) and remove it from the "
+            "pool, or retire the deployment; then delete the node."
+        )
     pool_sites = list(node.pools.values_list("site_id", flat=True))
     audited_delete(actor=actor, instance=node)
     if pool_sites:

@@ -193,3 +193,27 @@ def test_admin_shows_architecture_and_step_errors_on_the_form(admin_client):
     assert b"layers: must be a non-empty list" in model.content
     assert plan.status_code == 200
     assert b"the last step must be 100" in plan.content
+
+
+def test_a_delete_the_service_refuses_is_shown_not_a_500(admin_client, world):
+    """The admin deletes through the service: a node serving an active deployment is refused
+    with the service's reason on the page, for the delete view and the bulk action alike."""
+    from console.deployments.models import Deployment
+    from console.inventory.models import Node
+
+    Deployment.objects.filter(pk=world.deployment.pk).update(state="active")
+    node = world.prefill_node
+    url = f"/admin/inventory/node/{node.pk}/delete/"
+
+    response = admin_client.post(url, {"post": "yes"}, follow=True)
+
+    assert response.status_code == 200
+    assert "serves deployment demo" in response.content.decode()
+    bulk = admin_client.post(
+        "/admin/inventory/node/",
+        {"action": "delete_selected", "_selected_action": [node.pk], "post": "yes"},
+        follow=True,
+    )
+    assert bulk.status_code == 200
+    assert "serves deployment demo" in bulk.content.decode()
+    assert Node.objects.filter(pk=node.pk).exists()

@@ -375,3 +375,27 @@ def test_site_role_and_node_site_changes_that_break_pools_are_400(api_as, world)
     assert both.status_code == 200
     assert move.status_code == 400
     assert "site" in move.json()
+
+
+@pytest.mark.parametrize("state", ["deploying", "active"])
+def test_a_node_serving_a_live_deployment_is_not_deleted_until_drained(api_as, world, state):
+    """Deleting the only node of an active prefill pool once answered 204, emptied the pool
+    and left its engine running: now 409 naming the deployment and the way out (drain), and
+    204 once the node is drained from that pool."""
+    Deployment.objects.filter(pk=world.deployment.pk).update(state=state)
+    admin = api_as("admin")
+
+    refused = admin.delete(f"/api/nodes/{world.prefill_node.pk}/")
+
+    assert refused.status_code == 409
+    detail = refused.json()["detail"]
+    assert "demo" in detail
+    assert f"/api/pools/{world.prefill_pool.pk}/drain/" in detail
+    assert world.prefill_pool.nodes.filter(pk=world.prefill_node.pk).exists()
+    drained = api_as("operator").post(
+        f"/api/pools/{world.prefill_pool.pk}/drain/",
+        {"drain": [world.prefill_node.pk]},
+        format="json",
+    )
+    assert drained.status_code == 200
+    assert admin.delete(f"/api/nodes/{world.prefill_node.pk}/").status_code == 204
