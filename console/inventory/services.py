@@ -119,9 +119,9 @@ def node_delete(*, actor: Actor, node: Node) -> None:
             for p in serving
         )
         raise Conflict(
-            f"Node {node.hostname} serves {where}. Drain it first (POST "
-            f"/api/pools/{serving[0].pk}/drain/ with drain: [{node.pk}]) and remove it from the "
-            "pool, or retire the deployment; then delete the node."
+            f"Node {node.hostname} serves {where}. Drain it from the pool first (POST "
+            f"/api/pools/{serving[0].pk}/drain/ with drain: [{node.pk}]) so that no gateway "
+            "sends it work, then delete it; or retire the deployment."
         )
     pool_sites = list(node.pools.values_list("site_id", flat=True))
     audited_delete(actor=actor, instance=node)
