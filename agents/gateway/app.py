@@ -78,6 +78,7 @@ class Gateway(Endpoints, RemotePath):
         self.router.on_eject = self.metrics.ejected
         self.router.on_failure = self.metrics.leg_failed
         self.router.on_probe = self.metrics.probed
+        self.router.on_unavailable = self._abandon_legs
         self.keys = keys or ClientKeys(require=settings.require_client_keys)
         self.upstream = Upstream(settings.connect_timeout_s, upstream_ssl, engine_api_key)
         block = settings.prefix_block_tokens
@@ -89,6 +90,7 @@ class Gateway(Endpoints, RemotePath):
             settings.max_in_flight_requests,
             settings.max_queued_requests,
             settings.admission_queue_timeout_s,
+            settings.max_in_flight_per_client,
         )
         self.budget = FallbackBudget(
             rate=settings.fallback_rate_per_s,
@@ -106,6 +108,17 @@ class Gateway(Endpoints, RemotePath):
         self.metrics.share.set(config.remote_share_percent / 100)
         self.metrics.kill_switch.set(1 if config.kill_switch else 0)
         self.metrics.threshold.set(self.router.tuner.effective(config.threshold_tokens))
+
+    def _abandon_legs(self, role: str, site: str, url: str, why: str) -> None:
+        """An instance was found unavailable: the legs waiting on it for their first output
+        fail now (``instance_down``) and are retried or fall back, instead of waiting out
+        their deadlines at an engine that stopped answering."""
+        abandoned = self.upstream.abandon(url)
+        if abandoned:
+            log.warning(
+                "gateway.legs_abandoned",
+                extra={"role": role, "site": site, "url": url, "why": why, "legs": abandoned},
+            )
 
     # -- plain endpoints -----------------------------------------------------------------
     # -- completions ---------------------------------------------------------------------
@@ -162,7 +175,26 @@ class Gateway(Endpoints, RemotePath):
                 error_body("the gateway has no configuration yet", "service_unavailable"),
                 base_headers,
             )
-        refusal = await self.admission.acquire()
+        # The body first: a client that sends a head and nothing more holds no slot.
+        read_s = self.settings.request_read_timeout_s
+        try:
+            async with asyncio.timeout(read_s):
+                raw = await read()
+        except (RequestError, TimeoutError) as error:
+            if isinstance(error, TimeoutError):
+                error = RequestError(
+                    408,
+                    f"the request body did not arrive within {read_s:g} s (request_read_timeout_s)",
+                    None,
+                    "request_timeout",
+                )
+            self.metrics.request("local", "client_error")
+            # The connection's framing is lost with the unread body: it closes.
+            return json_response(
+                error.status, error.body(), {**base_headers, "connection": "close"}
+            )
+        address = _address(client)
+        refusal = await self.admission.acquire(address)
         if refusal is not None:
             return self._overloaded(refusal, base_headers)
         trace = new_trace(request_id, kind, arrived) if self.traces.size > 0 else None
@@ -171,11 +203,11 @@ class Gateway(Endpoints, RemotePath):
             if trace is not None:
                 trace.mark("admitted")
             response = await self._admitted(
-                kind, headers, read, client, arrived, request_id, config, trace
+                kind, headers, raw, client, arrived, request_id, config, trace
             )
             return response
         finally:
-            self.admission.release()
+            self.admission.release(address)
             if trace is not None:
                 # A relayed answer went out with its engine's 200 (errors are returned).
                 trace.status = response.status if response is not None else 200
@@ -196,7 +228,7 @@ class Gateway(Endpoints, RemotePath):
         self,
         kind: Kind,
         headers: Mapping[str, str],
-        read: Callable[[], Awaitable[bytes]],
+        raw: bytes,
         client: Client,
         arrived: float,
         request_id: str,
@@ -206,7 +238,6 @@ class Gateway(Endpoints, RemotePath):
         """:meth:`complete` past admission: parse, route, serve."""
         base_headers = {"x-request-id": request_id}
         try:
-            raw = await read()
             body, parsed = parse_body(raw, kind, config.model_name)
         except RequestError as error:
             self.metrics.request("local", "client_error")
@@ -331,12 +362,16 @@ class Gateway(Endpoints, RemotePath):
                         call.trace.decode_instance = decode.name
                         call.trace.mark("decode_sent")
                     try:
-                        # The local path forwards the client's bytes unchanged.
+                        # The local path forwards the client's bytes unchanged; a retry
+                        # has what is left of the request's time.
+                        settings = self.settings
                         upstream = await self.upstream.open(
                             f"{decode.url}{ROUTES[kind]}",
                             call.raw,
                             request_id,
-                            self.settings.request_timeout_s,
+                            settings.request_timeout_s - (time.monotonic() - call.arrived),
+                            settings.first_byte_timeout_s if call.parsed.stream else 0.0,
+                            settings.idle_timeout_s,
                         )
                         first = await first_chunk(upstream)
                         if call.trace is not None:
@@ -444,6 +479,13 @@ class Gateway(Endpoints, RemotePath):
         if call.trace is not None:
             call.trace.outcome = ""
         return await self._serve(call, "fallback", exclude)
+
+
+def _address(client: Client) -> str:
+    """The client's IP address ("" when unknown), the key of the per-client admission cap."""
+    transport = client.transport
+    peer = transport.get_extra_info("peername") if transport is not None else None
+    return str(peer[0]) if isinstance(peer, tuple) and peer else ""
 
 
 @web.middleware

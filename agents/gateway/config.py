@@ -315,6 +315,16 @@ class GatewaySettings:
     first_byte_grace_s: float = 5.0
     #: Longest a whole upstream request may take (local or decode leg).
     request_timeout_s: float = 600.0
+    #: Per-leg deadlines (0: none). ``first_byte_timeout_s``: a streamed local leg that
+    #: produced no first token by then failed at its instance (sent once more to another
+    #: decode instance within ``decode_retries``, the request's ``request_timeout_s`` still
+    #: its whole budget); a remote decode leg's first byte is bounded by
+    #: ``kv_transfer.timeout_ms + first_byte_grace_s`` instead, and a non-streamed leg's first
+    #: byte is its last (no first-byte deadline: health probes abandon it, see
+    #: docs/gateway.md "Hung engines"). ``idle_timeout_s``: a leg's body (stream or not)
+    #: that stops for this long while the client keeps up ends with an error event.
+    first_byte_timeout_s: float = 30.0
+    idle_timeout_s: float = 30.0
     #: Fallback budget: local-prefill replacements of the remote path per second, burst, and
     #: the bounded wait (seconds, waiters) before a 503 with retry-after.
     fallback_rate_per_s: float = 20.0
@@ -378,6 +388,12 @@ class GatewaySettings:
     max_queued_requests: int = 1024
     admission_queue_timeout_s: float = 10.0
     admission_retry_after_s: int = 1
+    #: Slots and queue places one client address may hold together (0: no cap). Behind a
+    #: proxy or load balancer every request has its address: raise it or set 0 there.
+    max_in_flight_per_client: int = 256
+    #: A request's head and body must arrive within this (seconds from its first byte;
+    #: admission is taken only after): a slower client gets 408 and its connection closes.
+    request_read_timeout_s: float = 30.0
     #: Threshold re-tuning (see TuningSettings) and how often it runs.
     retune_interval_s: float = 5.0
     retune_raise_at: float = 0.9

@@ -19,7 +19,9 @@ task; the response head and the first chunk leave in one write, the rest is pipe
 
 A client that goes away cancels its request's task (as aiohttp's ``handler_cancellation``),
 which closes the upstream legs. Idle connections close after ``_IDLE_S`` (aiohttp's
-keep-alive timeout). :meth:`FastServer.close` stops listening, lets in-flight requests
+keep-alive timeout); a request whose head and body have not all arrived within
+``request_read_timeout_s`` of its first byte gets 408 and its connection closes (a client
+that trickles holds no admission slot meanwhile: admission comes after the body). :meth:`FastServer.close` stops listening, lets in-flight requests
 finish within a grace period and then cancels them.
 """
 
@@ -166,6 +168,8 @@ class FastConnection(asyncio.Protocol):
         self.paused = False
         self.closing = False
         self.idle_since = time.monotonic()
+        #: When the first byte of a request not yet whole arrived (None: no such request).
+        self.pending_since: float | None = None
 
     # -- transport events ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -209,6 +213,8 @@ class FastConnection(asyncio.Protocol):
             # aiohttp's to answer: waiting for CRLFs that never come would hang the client.
             if len(buffer) > _MAX_HEAD or b"\n\n" in buffer:
                 self._handover()
+            elif self.pending_since is None:
+                self.pending_since = time.monotonic()
             return
         head = _Head()
         parser = httptools.HttpRequestParser(head)
@@ -237,9 +243,12 @@ class FastConnection(asyncio.Protocol):
             return
         total = end + 4 + int(length)
         if len(buffer) < total:
+            if self.pending_since is None:
+                self.pending_since = time.monotonic()
             return  # the body is still arriving
         body = bytes(buffer[end + 4 : total])
         del buffer[:total]
+        self.pending_since = None
         self.task = asyncio.get_running_loop().create_task(self._serve(kind, headers, body))
 
     async def _serve(self, kind: Kind, headers: _Headers, body: bytes) -> None:
@@ -330,12 +339,31 @@ class FastServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def _close_idle(self) -> None:
+        """Close the connections idle past ``_IDLE_S`` and answer 408 to those whose
+        request has not all arrived within ``request_read_timeout_s``."""
+        read_s = self.gateway.settings.request_read_timeout_s
         while True:
-            await asyncio.sleep(_IDLE_S / 5)
-            cutoff = time.monotonic() - _IDLE_S
+            await asyncio.sleep(min(_IDLE_S, read_s) / 5)
+            now = time.monotonic()
             for conn in list(self.connections):
-                if conn.task is None and conn.idle_since < cutoff and conn.transport is not None:
-                    conn.transport.close()
+                transport = conn.transport
+                if conn.task is not None or transport is None:
+                    continue
+                if conn.pending_since is not None and now - conn.pending_since > read_s:
+                    log.info("gateway.request_read_timeout", extra={"read_timeout_s": read_s})
+                    doc = error_body(
+                        f"the request did not arrive within {read_s:g} s (request_read_timeout_s)",
+                        "invalid_request_error",
+                        None,
+                        "request_timeout",
+                    )
+                    head = {"Content-Type": "application/json", "Connection": "close"}
+                    transport.write(
+                        _head(408, head, b"Content-Length: %d\r\n\r\n" % len(doc)) + doc
+                    )
+                    transport.close()
+                elif conn.idle_since < now - _IDLE_S:
+                    transport.close()
 
     async def close(self, grace_s: float) -> None:
         """Stop listening; idle connections close now, busy ones after their response (or

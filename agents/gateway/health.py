@@ -224,11 +224,12 @@ class PoolHealth:
         log.warning(event, extra={**extra, **fields})
 
     # -- probes --------------------------------------------------------------------------
-    def probe(self, url: str, ok: bool) -> None:
-        """The outcome of one active probe of ``url``."""
+    def probe(self, url: str, ok: bool) -> bool:
+        """The outcome of one active probe of ``url``; returns whether it marked the instance
+        unhealthy now."""
         inst = self.instances.get(url)
         if inst is None:
-            return
+            return False
         s = self.settings
         if ok:
             inst.probe_failures = 0
@@ -240,13 +241,15 @@ class PoolHealth:
                 inst.consecutive_failures = 0
                 inst.in_service_since = self.clock()
                 self._log("gateway.instance_healthy", url)
-            return
+            return False
         inst.probe_successes = 0
         inst.probe_failures += 1
         if inst.healthy and inst.probe_failures >= s.unhealthy_threshold:
             inst.healthy = False
             inst.last_failure = "health_check"
             self._log("gateway.instance_unhealthy", url)
+            return True
+        return False
 
 
 def pick(

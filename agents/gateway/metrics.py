@@ -173,7 +173,8 @@ class GatewayMetrics:
         self.admission_rejections = Counter(
             "pdbridge_gateway_admission_rejections", "Requests refused with 429 by admission "
             "control, by reason (queue_full: the in-flight limit and the queue were full; "
-            "queue_timeout: queued past admission_queue_timeout_s).", ["reason"], registry=r,
+            "queue_timeout: queued past admission_queue_timeout_s; client_limit: one client "
+            "address at max_in_flight_per_client).", ["reason"], registry=r,
         )  # fmt: skip
         self.admission_in_flight = Gauge(
             "pdbridge_gateway_admission_in_flight", "Completions requests admitted and not "

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agents.gateway.admission import Admission
+from agents.gateway.admission import CLIENT_LIMIT, Admission
 from agents.gateway.causes import kv_cause
 from agents.gateway.openai import error_body
 from agents.gateway.upstream import LegError
@@ -43,21 +43,27 @@ def rejects_request(error: LegError) -> bool:
     )  # fmt: skip
 
 
+_AT_INSTANCE = frozenset(
+    ("connect", "timeout", "first_byte_timeout", "idle_timeout", "instance_down", "stream_error")
+)
+
+
 def instance_fault(error: BaseException) -> bool:
     """Whether a failed leg counts against its instance's health: it could not connect,
-    timed out, broke before output or answered 5xx -- unless the 5xx is a KV verdict (the
+    timed out (whole, first byte or idle), broke before output, was abandoned because its
+    instance was found down, or answered 5xx -- unless the 5xx is a KV verdict (the
     transfer's fault, not the engine's)."""
     if not isinstance(error, LegError):
         return False
-    if error.cause in ("connect", "timeout", "stream_error"):
+    if error.cause in _AT_INSTANCE:
         return True
     return error.status is not None and error.status >= 500 and kv_cause(error) is None
 
 
 def retryable(error: LegError) -> bool:
     """Whether a decode leg that failed before output may be sent to another instance: not
-    a timeout (the request's whole time is spent) and not the engine's verdict on the
-    request (4xx) or on its KV."""
+    the whole exchange's timeout (the request's time is spent; a first-byte timeout leaves
+    the rest of it) and not the engine's verdict on the request (4xx) or on its KV."""
     return error.cause != "timeout" and instance_fault(error)
 
 
@@ -91,9 +97,18 @@ def overloaded_response(
     admission: Admission, reason: str, retry_after_s: int, headers: dict[str, str]
 ) -> web.Response:
     """The 429 of admission control, in OpenAI's rate-limit error shape, with Retry-After."""
+    if reason == CLIENT_LIMIT:
+        message = (
+            f"this client address holds its limit of {admission.max_per_client} requests "
+            f"served or waiting ({reason}); retry later"
+        )
+    else:
+        message = (
+            f"the gateway is serving its limit of {admission.max_in_flight} requests with "
+            f"{admission.queued} waiting ({reason}); retry later"
+        )
     doc = error_body(
-        f"the gateway is serving its limit of {admission.max_in_flight} requests with "
-        f"{admission.queued} waiting ({reason}); retry later",
+        message,
         "requests",
         None,
         "rate_limit_exceeded",

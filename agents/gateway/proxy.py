@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from agents.gateway.upstream import LegResponse, UpstreamError
+from agents.gateway.upstream import IdleTimeout, LegResponse, UpstreamError
 
 
 @dataclass(slots=True)
@@ -147,14 +147,19 @@ async def relay(
             if not is_sse:
                 client.abort()
                 return RelayResult(first_at, last_at, events, False)
-            await client.end(
-                sse_error_event(f"upstream failed: {type(error).__name__}", "upstream_error")
-            )
+            await client.end(sse_error_event(_failure(upstream, error), "upstream_error"))
             return RelayResult(first_at, last_at, events, False)
         await client.end(tail)
         return RelayResult(first_at, time.monotonic(), events + upstream.events, True)
     finally:
         upstream.close()
+
+
+def _failure(upstream: LegResponse, error: BaseException) -> str:
+    """The error event's message for a stream that failed after its first byte."""
+    if isinstance(error, IdleTimeout):
+        return f"the engine sent nothing for {upstream.idle_s:g} s (idle_timeout_s)"
+    return f"upstream failed: {type(error).__name__}"
 
 
 def leg_body(body: dict[str, Any], kv: dict[str, Any], prefill: bool) -> bytes:

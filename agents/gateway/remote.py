@@ -429,7 +429,12 @@ class RemotePath:
     ) -> tuple[LegResponse, bytes]:
         if trace is not None:
             trace.mark("decode_sent")
-        response = await self.upstream.open(url, body, request_id, self.settings.request_timeout_s)
+        settings = self.settings
+        # The first byte's wait is the caller's (the KV deadline plus grace); the body's
+        # silences are bounded here.
+        response = await self.upstream.open(
+            url, body, request_id, settings.request_timeout_s, idle_s=settings.idle_timeout_s
+        )
         first = await first_chunk(response)
         if trace is not None:
             trace.mark("decode_first_byte")

@@ -75,6 +75,10 @@ class Router:
         #: with (role, site, url, ok) for each active probe.
         self.on_failure: Callable[[str, str, str, str], None] | None = None
         self.on_probe: Callable[[str, str, str, bool], None] | None = None
+        #: Called with (role, site, url, why) when an instance stops being available by
+        #: evidence (probes marked it unhealthy, or it was ejected): the gateway abandons
+        #: the legs waiting on it.
+        self.on_unavailable: Callable[[str, str, str, str], None] | None = None
         self._decode_turn = 0
 
     # -- configuration -------------------------------------------------------------------
@@ -145,6 +149,8 @@ class Router:
             )
         if self.on_eject is not None:
             self.on_eject(pool, inst, cause)
+        if self.on_unavailable is not None:
+            self.on_unavailable(pool.role, pool.site, inst.url, "ejected")
 
     # -- pool health ---------------------------------------------------------------------
     def pool(self, role: str, site: str) -> PoolHealth | None:
@@ -170,7 +176,8 @@ class Router:
         if pool is not None:
             if self.on_probe is not None:
                 self.on_probe(role, site, url, ok)
-            pool.probe(url, ok)
+            if pool.probe(url, ok) and self.on_unavailable is not None:
+                self.on_unavailable(role, site, url, "health_check")
 
     # -- decisions -----------------------------------------------------------------------
     def _link(self, config: DeploymentConfig, site: str) -> tuple[float, float]:

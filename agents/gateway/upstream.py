@@ -53,8 +53,10 @@ def http_chunk(data: bytes) -> bytes:
 
 
 class LegError(Exception):
-    """An upstream leg failed before producing output. ``cause``: ``timeout``, ``connect``,
-    ``status`` (non-2xx; ``status`` and ``detail`` set) or ``stream_error``."""
+    """An upstream leg failed before producing output. ``cause``: ``timeout`` (the whole
+    exchange's deadline), ``first_byte_timeout``, ``idle_timeout``, ``instance_down`` (see
+    :class:`InstanceDown`), ``connect``, ``status`` (non-2xx; ``status`` and ``detail`` set)
+    or ``stream_error``."""
 
     def __init__(self, cause: str, status: int | None = None, detail: str = "") -> None:
         super().__init__(f"{cause} {status or ''} {detail}".strip())
@@ -67,6 +69,34 @@ class UpstreamError(Exception):
     """The engine's connection ended or its response was malformed mid-exchange."""
 
 
+class InstanceDown(UpstreamError):
+    """The leg's instance was found unavailable (its health probes failed, or it was ejected)
+    while the leg had produced no output: abandoned so that the request can be sent elsewhere
+    instead of waiting out its deadline (:meth:`Upstream.abandon`)."""
+
+
+class FirstByteTimeout(TimeoutError):
+    """The leg produced no output within its first-byte deadline."""
+
+
+class IdleTimeout(TimeoutError):
+    """The leg's body stopped: nothing arrived for its idle deadline (while the client kept
+    up)."""
+
+
+def leg_cause(error: BaseException) -> str:
+    """The :class:`LegError` cause of a leg's failure before output."""
+    if isinstance(error, FirstByteTimeout):
+        return "first_byte_timeout"
+    if isinstance(error, IdleTimeout):
+        return "idle_timeout"
+    if isinstance(error, TimeoutError):
+        return "timeout"
+    if isinstance(error, InstanceDown):
+        return "instance_down"
+    return "connect"
+
+
 class _Disconnected(UpstreamError):
     """The connection ended before any byte of the response (a kept-alive connection the
     engine closed as it was reused: retried once on a fresh one)."""
@@ -76,7 +106,8 @@ class LegResponse:
     """One exchange with an engine: ``status``, ``headers`` (names lower-case) and
     ``content_length`` once :meth:`Upstream.open` returned it, then the body, read
     (:meth:`readany`, :meth:`read`) or piped to the client (:meth:`pipe`). A read past the
-    leg's deadline raises ``TimeoutError``; a broken or malformed response
+    leg's deadline raises ``TimeoutError`` (:class:`FirstByteTimeout` before its first output,
+    :class:`IdleTimeout` when its body stalls); a broken or malformed response
     :class:`UpstreamError`. :meth:`close` returns the connection to the pool when the
     exchange ended cleanly, else aborts it (which aborts the engine's work)."""
 
@@ -92,6 +123,16 @@ class LegResponse:
         self.headers: dict[str, str] = {}
         self.content_length: int | None = None
         self.deadline: asyncio.TimerHandle | None = None
+        #: The first-byte deadline (until :meth:`begun`), then the idle check.
+        self.first_deadline: asyncio.TimerHandle | None = None
+        self.idle_s = 0.0
+        self._idle: asyncio.TimerHandle | None = None
+        self._rx_at = 0.0
+        #: Whether the leg produced output (its first body bytes were taken): from then on
+        #: it is the client's stream, never abandoned.
+        self.started = False
+        #: The open legs of its instance (see Upstream.abandon); it leaves on close.
+        self.registry: set[LegResponse] | None = None
         self._framed = False  # Content-Length or chunked; else the body ends with the connection
         self._keep_alive = False
         self._got_bytes = False
@@ -132,6 +173,7 @@ class LegResponse:
     # -- connection events ---------------------------------------------------------------
     def feed(self, data: bytes) -> None:
         self._got_bytes = True
+        self._rx_at = time.monotonic()
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as error:
@@ -170,6 +212,41 @@ class LegResponse:
         self.deadline = None
         if not self._complete:
             self._fail(TimeoutError())
+
+    def expire_first(self) -> None:
+        """The first-byte deadline passed without output."""
+        self.first_deadline = None
+        if not self.started and not self._complete:
+            self._fail(FirstByteTimeout())
+
+    def abandon(self) -> None:
+        """Its instance was found unavailable: fail the leg if it produced no output yet."""
+        if not self.started and not self._complete:
+            self._fail(InstanceDown("the instance was found unavailable"))
+
+    def begun(self) -> None:
+        """The leg's first output was taken: its first-byte deadline ends and, with
+        ``idle_s``, the idle deadline starts (nothing arriving for ``idle_s`` while the
+        reader keeps up fails the leg with :class:`IdleTimeout`)."""
+        self.started = True
+        if self.first_deadline is not None:
+            self.first_deadline.cancel()
+            self.first_deadline = None
+        if self.idle_s > 0 and not self._complete:
+            self._rx_at = time.monotonic()
+            self._idle = self._loop.call_later(self.idle_s, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self._idle = None
+        if self._complete or self._error is not None or self._closed:
+            return
+        quiet = time.monotonic() - self._rx_at
+        if quiet >= self.idle_s and not self._paused:
+            self._fail(IdleTimeout())
+            return
+        # Paused for a slow reader (its own stream held back): not the engine's stall.
+        wait = self.idle_s if self._paused else self.idle_s - quiet
+        self._idle = self._loop.call_later(max(wait, 0.01), self._idle_check)
 
     def _fail(self, error: BaseException) -> None:
         if self._error is not None:
@@ -310,9 +387,13 @@ class LegResponse:
         if self._closed:
             return
         self._closed = True
-        if self.deadline is not None:
-            self.deadline.cancel()
-            self.deadline = None
+        for timer in (self.deadline, self.first_deadline, self._idle):
+            if timer is not None:
+                timer.cancel()
+        self.deadline = self.first_deadline = self._idle = None
+        if self.registry is not None:
+            self.registry.discard(self)
+            self.registry = None
         conn = self._conn
         conn.leg = None
         if self._complete and self._error is None and self._keep_alive and not conn.closed:
@@ -351,6 +432,8 @@ class Upstream:
         self._auth = b"Authorization: Bearer %b\r\n" % api_key.encode("ascii") if api_key else b""
         self._pool = Pool()
         self._targets: dict[str, _Target] = {}
+        #: The open legs per engine (host, port, tls), for :meth:`abandon`.
+        self._legs: dict[Key, set[LegResponse]] = {}
 
     async def close(self) -> None:
         self._pool.close()
@@ -397,12 +480,38 @@ class Upstream:
             raise LegError("connect", detail="ConnectTimeout") from error
         return conn
 
-    async def open(self, url: str, body: bytes, request_id: str, timeout_s: float) -> LegResponse:
+    def abandon(self, url: str) -> int:
+        """Fail every open leg to the engine at ``url`` (an instance's base URL) that has
+        produced no output yet (:class:`InstanceDown`; the caller retries or falls back):
+        called when the instance is found unavailable, so that requests already sent to an
+        engine that stopped answering do not wait out their deadlines. Returns how many."""
+        parts = urlsplit(url)
+        tls = parts.scheme == "https"
+        try:
+            key = (parts.hostname or "", parts.port or (443 if tls else 80), tls)
+        except ValueError:
+            return 0
+        waiting = [leg for leg in self._legs.get(key, ()) if not leg.started]
+        for leg in waiting:
+            leg.abandon()
+        return len(waiting)
+
+    async def open(
+        self,
+        url: str,
+        body: bytes,
+        request_id: str,
+        timeout_s: float,
+        first_byte_s: float = 0.0,
+        idle_s: float = 0.0,
+    ) -> LegResponse:
         """POST ``body`` to ``url``; returns the response once its headers arrived (2xx only).
         ``timeout_s`` bounds the whole exchange, body included, by one timer per leg (the
         response's deadline, armed when the request is sent; a new connection's connect is
         bounded by ``connect_timeout_s`` too): a wait past it raises ``TimeoutError``.
-        Raises :class:`LegError`.
+        ``first_byte_s`` (0: none) bounds the wait for the leg's first output (until
+        :func:`first_chunk` returned it), ``idle_s`` (0: none) the silences of its body
+        after that (see :meth:`LegResponse.begun`). Raises :class:`LegError`.
 
         A kept-alive connection that the engine closed just as it was reused (no byte of
         an answer) is retried once on a new connection: the engine cannot have started the
@@ -429,6 +538,11 @@ class Upstream:
                 leg = LegResponse(conn, loop)
                 conn.leg = leg
                 leg.deadline = loop.call_at(deadline, leg.expire)
+                if 0 < first_byte_s < timeout_s:
+                    leg.first_deadline = loop.call_later(first_byte_s, leg.expire_first)
+                leg.idle_s = idle_s
+                leg.registry = self._legs.setdefault(target.key, set())
+                leg.registry.add(leg)
                 assert conn.transport is not None  # noqa: S101 - connected
                 conn.transport.write(request)
                 try:
@@ -438,10 +552,10 @@ class Upstream:
                     leg.close()
                     if not conn.reused or attempt:
                         raise
-        except TimeoutError as error:
+        except (TimeoutError, InstanceDown) as error:
             if leg is not None:
                 leg.close()
-            raise LegError("timeout") from error
+            raise LegError(leg_cause(error)) from error
         except (OSError, UpstreamError) as error:
             if leg is not None:
                 leg.close()
@@ -466,8 +580,8 @@ class Upstream:
         response = await self.open(url, body, request_id, timeout_s)
         try:
             return await response.read()
-        except TimeoutError as error:
-            raise LegError("timeout") from error
+        except (TimeoutError, InstanceDown) as error:
+            raise LegError(leg_cause(error)) from error
         except UpstreamError as error:
             raise LegError("stream_error", detail=type(error).__name__) from error
         finally:
@@ -475,9 +589,10 @@ class Upstream:
 
 
 async def first_chunk(response: LegResponse) -> bytes:
-    """The first body bytes of an opened leg (b"" for an empty body). An SSE stream whose
-    first event is an error counts as a failed leg (nothing has reached the client yet).
-    Raises :class:`LegError`; closes the response on failure and on cancellation."""
+    """The first body bytes of an opened leg (b"" for an empty body): the leg has begun
+    (:meth:`LegResponse.begun`). An SSE stream whose first event is an error counts as a
+    failed leg (nothing has reached the client yet). Raises :class:`LegError`; closes the
+    response on failure and on cancellation."""
     try:
         chunk = await response.readany()
     except asyncio.CancelledError:
@@ -485,13 +600,14 @@ async def first_chunk(response: LegResponse) -> bytes:
         # aborts the engine's work and cancels the leg's deadline.
         response.close()
         raise
-    except TimeoutError as error:
+    except (TimeoutError, InstanceDown) as error:
         response.close()
-        raise LegError("timeout") from error
+        raise LegError(leg_cause(error)) from error
     except UpstreamError as error:
         response.close()
         raise LegError("stream_error", detail=type(error).__name__) from error
     if chunk.startswith(_SSE_ERROR_PREFIX):
         response.close()
         raise LegError("status", 500, chunk[:2000].decode("utf-8", "replace"))
+    response.begun()
     return chunk

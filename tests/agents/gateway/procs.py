@@ -109,21 +109,31 @@ def start_gateway(
 
 
 async def load(
-    url: str, n: int, concurrency: int, prompt: str = "hello"
+    url: str,
+    n: int,
+    concurrency: int,
+    prompt: str = "hello",
+    elapsed: list[float] | None = None,
+    stream_every: int = 3,
 ) -> list[tuple[int, str | None]]:
-    """``n`` completions (every third streamed) at ``concurrency``: (status, path) each; a
-    stream that did not end with ``[DONE]`` counts as status 598."""
+    """``n`` completions (every ``stream_every``-th streamed) at ``concurrency``: (status,
+    path) each; a stream that did not end with ``[DONE]`` counts as status 598. ``elapsed``
+    gets each request's seconds, sent to last byte."""
     sem = asyncio.Semaphore(concurrency)
     results: list[tuple[int, str | None]] = []
     timeout = aiohttp.ClientTimeout(total=60 * TIME_SCALE)
     async with aiohttp.ClientSession(timeout=timeout) as session:
 
         async def one(i: int) -> None:
-            stream = i % 3 == 0
+            stream = i % stream_every == 0
             body = {"model": "tiny", "prompt": f"{prompt} {i}", "max_tokens": 4, "stream": stream}
-            async with sem, session.post(url + "/v1/completions", json=body) as r:
-                raw = await r.read()
-                status = r.status
+            async with sem:
+                started = time.monotonic()
+                async with session.post(url + "/v1/completions", json=body) as r:
+                    raw = await r.read()
+                    status = r.status
+                if elapsed is not None:
+                    elapsed.append(time.monotonic() - started)
                 if status == 200 and stream and not raw.endswith(b"data: [DONE]\n\n"):
                     status = 598
                 results.append((status, r.headers.get("x-pdbridge-path")))

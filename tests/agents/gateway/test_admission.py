@@ -110,3 +110,101 @@ def test_slots_go_to_the_oldest_waiter_and_a_cancelled_waiter_leaves_the_queue()
 
     assert order == ["first", "last"]
     assert (in_flight, queued) == (0, 0)
+
+
+BODILESS = (
+    b"POST /v1/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n"
+)
+
+
+def test_bodiless_posts_hold_no_admission_slot_and_normal_requests_are_served():
+    """1,100 connections send a chunked POST head and nothing more (more than the 1,024
+    slots): admission comes after the body, so 20 normal requests are all served."""
+    settings = dataclasses.replace(FAST, admission_queue_timeout_s=2.0)
+
+    async def scenario():
+        async with gateway_env(settings) as env:
+            server = env.running.runner.server
+            assert server is not None
+            before = server.requests_count
+            writers = []
+            for _ in range(1100):
+                _, writer = await asyncio.open_connection("127.0.0.1", env.running.port)
+                writer.write(BODILESS)
+                writers.append(writer)
+            # Every head reached a request handler (aiohttp's, after the fast path's handover).
+            await _until(lambda: server.requests_count - before >= 1100, 120)
+            served = await asyncio.gather(*(env.post(completion(f"n{i}")) for i in range(20)))
+            in_flight = env.gateway.admission.in_flight
+            for writer in writers:
+                writer.close()
+            return [s for s, _, _ in served], in_flight
+
+    statuses, in_flight = run(scenario())
+
+    assert statuses == [200] * 20
+    assert in_flight == 0
+
+
+def test_a_request_whose_body_does_not_arrive_in_time_gets_408_and_its_connection_closes():
+    """On aiohttp's side (a chunked body) and on the fast path's (a Content-Length body
+    that stops half way)."""
+    settings = dataclasses.replace(FAST, request_read_timeout_s=1.0)
+    partial = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"model": "tiny"'
+    )
+
+    async def answer(port: int, data: bytes) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(data)
+        try:
+            async with asyncio.timeout(30):
+                return await reader.read()  # to the connection's end
+        finally:
+            writer.close()
+
+    async def scenario():
+        async with gateway_env(settings) as env:
+            chunked = await answer(env.running.port, BODILESS)
+            fast = await answer(env.running.port, partial)
+            after = await env.post(completion("after"))
+            return chunked, fast, after[0], env.gateway.admission.in_flight
+
+    chunked, fast, after, in_flight = run(scenario())
+
+    for raw in (chunked, fast):
+        head, _, body = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 "), raw
+        assert json.loads(body)["error"]["code"] == "request_timeout"
+    assert b"request_read_timeout_s" in chunked
+    assert (after, in_flight) == (200, 0)
+
+
+def test_one_client_address_holds_at_most_its_share_of_the_slots():
+    settings = dataclasses.replace(LIMITED, max_in_flight_requests=8, max_in_flight_per_client=2)
+
+    async def scenario():
+        async with gateway_env(settings) as env:
+            env.decode.hold_after_events = 1
+            held = [
+                asyncio.create_task(env.post(completion(f"p{i}", stream=True))) for i in range(2)
+            ]
+            await _until(lambda: env.decode.active == 2)
+            refused = await env.post(completion("third"))
+            env.decode.release.set()
+            await asyncio.gather(*held)
+            after = await env.post(completion("after"))
+            return refused, after[0], await env.metrics(), env.gateway.admission.per_client
+
+    (status, headers, body), after, metrics, per_client = run(scenario())
+
+    assert (status, headers["retry-after"]) == (429, "1")
+    assert json.loads(body)["error"]["message"] == (
+        "this client address holds its limit of 2 requests served or waiting (client_limit); "
+        "retry later"
+    )
+    assert after == 200
+    assert 'pdbridge_gateway_admission_rejections_total{reason="client_limit"} 1.0' in metrics
+    assert per_client == {}
