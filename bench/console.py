@@ -57,11 +57,11 @@ def _setup(var_dir: str, database_url: str | None) -> Callable[[], None]:
 def _world() -> dict[str, Any]:
     """Two sites, a model, a deployment with a decode and a prefill pool of 8 nodes each."""
     from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
 
     from console.catalog.services import model_create
     from console.core.choices import Role
     from console.core.roles import role_group
+    from console.core.services_tokens import api_token_issue
     from console.deployments.services import deployment_create, pool_create
     from console.inventory.services import link_create, node_create, node_token_issue, site_create
 
@@ -94,7 +94,7 @@ def _world() -> dict[str, Any]:
     user.groups.add(role_group(Role.VIEWER))
     return {
         "deployment": deployment,
-        "user_token": Token.objects.create(user=user).key,
+        "user_token": api_token_issue(actor=None, user=user)[1],
         "node_token": node_token_issue(actor=None, node=nodes["remote"][0]),
     }
 

@@ -225,7 +225,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -303,9 +302,11 @@ CSRF_COOKIE_SECURE = _env_bool("CSRF_COOKIE_SECURE", PRODUCTION)
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if PRODUCTION else None
 
 REST_FRAMEWORK = {
-    # Token first, so that an anonymous API call gets 401 with WWW-Authenticate.
+    # Token first, so that an anonymous API call gets 401 with WWW-Authenticate. User API
+    # tokens are stored hashed (console.core.authentication; DRF's authtoken app kept them in
+    # plaintext and is no longer installed).
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "console.core.authentication.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["console.core.permissions.RolePermission"],
@@ -340,6 +341,8 @@ SPECTACULAR_SETTINGS = {
         "AlertLayerEnum": "console.alerts.choices.AlertLayer",
         "DrillKindEnum": "console.drills.choices.DrillKind",
         "DrillReportStateEnum": "console.drills.choices.ReportState",
+        # Deployment and DeploymentEdited (the answer to an edit) share it.
+        "DeploymentStateEnum": "console.deployments.choices.DeploymentState",
     },
 }
 

@@ -70,13 +70,13 @@ def make_user(db: Any) -> Callable[..., Any]:
 def api_as(make_user: Callable[..., Any]) -> Callable[[str | None], APIClient]:
     """An API client authenticated (by token) as a fresh user with the given role;
     ``api_as(None)`` is anonymous."""
-    from rest_framework.authtoken.models import Token
+    from console.core.services_tokens import api_token_issue
 
     def client(role: str | None) -> APIClient:
         api = APIClient()
         if role is not None:
-            token = Token.objects.create(user=make_user(role))
-            api.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+            _, token = api_token_issue(actor=None, user=make_user(role))
+            api.credentials(HTTP_AUTHORIZATION=f"Token {token}")
         return api
 
     return client

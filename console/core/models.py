@@ -77,3 +77,49 @@ class AuditLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.actor_label} {self.action} {self.object_type}:{self.object_id}"
+
+
+class ApiToken(models.Model):
+    """A user's API token (``Authorization: Token <key>``), stored as its sha256 only, as node
+    tokens and gateway client keys are: the key is shown once, when issued. A user may hold
+    several (one per script or machine); deleting the row revokes it."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        # A token is the user's own credential: it goes with the account.
+        on_delete=models.CASCADE,
+        related_name="api_tokens",
+    )
+    name = models.CharField(
+        max_length=100,
+        blank=True,
+        help_text="What the token is for (a script, a machine); shown with its prefix.",
+    )
+    token_hash = models.CharField(
+        max_length=64,
+        unique=True,
+        help_text="sha256 hex of the token (tokens are random and long, so no slow hash is needed).",
+    )
+    token_prefix = models.CharField(
+        max_length=12,
+        help_text="First characters of the token, to tell tokens apart.",
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="api_tokens_issued",
+        help_text="Who issued it (the user themself for a password exchange; empty: a command).",
+    )
+    created_at = models.DateTimeField(
+        auto_now_add=True,
+    )
+
+    class Meta:
+        ordering = ["user_id", "-created_at", "-id"]
+        verbose_name = "API token"
+
+    def __str__(self) -> str:
+        label = f" {self.name}" if self.name else ""
+        return f"{self.user.get_username()}'s token{label} ({self.token_prefix}...)"

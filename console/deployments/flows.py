@@ -6,10 +6,18 @@ Called by the deployments API (operators) and by the orchestrator's workflow ste
 already pending or running, or the run is not in a state the verb applies to;
 ``ValidationError`` naming the field (400). The console never imports workflow code: the step
 names live here and the orchestrator's workflow modules check that theirs match.
-"""
+
+Operator edits win over automation: the canary writes the remote share only through
+``canary_set_share``, which records the config version its write made (``share_version`` in
+the run's params). A later version that changed the share was made by someone else (an
+operator's edit, a restore): ``canary_share_guard`` then pauses the canary with the reason and
+leaves the share as that person set it; ``canary_resume`` accepts the share as it is now and
+lets the canary go on."""
 
 from __future__ import annotations
 
+import logging
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -20,7 +28,7 @@ from console.core.choices import AuditAction
 from console.core.crud import Actor
 from console.core.services import audit_record
 from console.deployments.choices import DeploymentState
-from console.deployments.models import Deployment
+from console.deployments.models import ConfigSnapshot, Deployment
 from console.deployments.services import _lock, deployment_transition, snapshot_write
 from console.rollouts.services import rollout_plan_for
 from console.runs import services as run_services
@@ -40,8 +48,11 @@ DEPLOY_STEPS = [
     "verification",
     "canary",
 ]
+logger = logging.getLogger(__name__)
 _ACTIVE = (RunState.PENDING, RunState.RUNNING)
 _TARGET_TYPE = "deployments.deployment"
+#: The config diff path of the canary dial (``ConfigSnapshot.diff`` keys are dotted paths).
+SHARE_PATH = "routing.remote_share_percent"
 
 
 def canary_step_name(share_percent: int) -> str:
@@ -154,6 +165,9 @@ def canary_start(
         },
     }
     params["paused"] = False
+    # The version the canary starts from: a share change in a later version that the canary
+    # did not make pauses it (canary_share_guard).
+    params["share_version"] = locked.version
     steps = [canary_step_name(s["share_percent"]) for s in plan.steps]
     return run_services.run_create(
         actor=actor, kind=CANARY_KIND, steps=steps, target=locked, params=params
@@ -168,22 +182,38 @@ def _canary(deployment: Deployment) -> WorkflowRun:
 
 
 @transaction.atomic
-def canary_pause(*, actor: Actor, deployment: Deployment) -> WorkflowRun:
-    """Hold the canary at its current share: its re-checks keep gating but never advance."""
+def canary_pause(*, actor: Actor, deployment: Deployment, reason: str = "") -> WorkflowRun:
+    """Hold the canary at its current share: its re-checks keep gating but never advance.
+    ``reason`` (shown on the canary page, kept in ``params.pause_reason``) says why when the
+    canary paused itself."""
     run = _canary(deployment)
-    run.params = {**run.params, "paused": True}
-    run.save(update_fields=["params"])
-    audit_record(actor=actor, action=AuditAction.ACTION, verb="canary_pause", instance=run)
+    _pause(actor, run, reason)
     return run
+
+
+def _pause(actor: Actor, run: WorkflowRun, reason: str) -> None:
+    run.params = {**run.params, "paused": True, "pause_reason": reason[:500]}
+    run.save(update_fields=["params"])
+    audit_record(
+        actor=actor,
+        action=AuditAction.ACTION,
+        verb="canary_pause",
+        instance=run,
+        after={"reason": reason[:500]} if reason else None,
+    )
 
 
 @transaction.atomic
 def canary_resume(*, actor: Actor, deployment: Deployment) -> WorkflowRun:
-    """Let a paused canary advance again (its current step's hold counts from the resume)."""
+    """Let a paused canary advance again (its current step's hold counts from the resume,
+    and the step sets its share again). A share someone changed while the canary ran is
+    accepted as the canary's starting point: only changes after the resume pause it again."""
     run = _canary(deployment)
     if not run.params.get("paused"):
         raise Conflict(f"Canary run #{run.pk} is not paused.")
-    run.params = {**run.params, "paused": False}
+    locked = _lock(deployment)
+    params = {k: v for k, v in run.params.items() if k != "pause_reason"}
+    run.params = {**params, "paused": False, "share_version": locked.version}
     run.save(update_fields=["params"])
     audit_record(actor=actor, action=AuditAction.ACTION, verb="canary_resume", instance=run)
     run_services.run_nudge(run_id=run.pk)
@@ -195,10 +225,109 @@ def canary_abort(*, actor: Actor, deployment: Deployment) -> WorkflowRun:
     """Stop the canary now: remote share back to 0 % in this transaction (the gateways see it
     at their next poll), and the run ends ``canceled`` at its next advance."""
     run = _canary(deployment)
-    deployment_set_remote_share(
-        actor=actor, deployment=deployment, percent=0, reason=f"canary #{run.pk} aborted"
+    _canary_write(
+        actor=actor, run=run, deployment=deployment, percent=0, reason=f"canary #{run.pk} aborted"
     )
     return run_services.run_cancel(actor=actor, run=run)
+
+
+@dataclass(frozen=True)
+class ShareChange:
+    """A change of the remote share the canary did not make (the latest, when several)."""
+
+    version: int  # the config version that made it
+    expected: int | None  # the share the canary had left (before the first such change)
+    found: int | None  # the share now
+    author: str  # who made it ("system" for automation)
+    reason: str  # the snapshot's reason ("updated", "restore of v3" ...)
+
+    def describe(self) -> str:
+        """The pause reason an operator reads."""
+        moved = (
+            f"{self.expected} % -> {self.found} %"
+            if self.expected != self.found
+            else f"to another value and back to {self.found} %"
+        )
+        return (
+            f"remote share changed under the canary ({moved}) in config v{self.version} by "
+            f"{self.author} ({self.reason}); the canary paused and left it as set. Resume to "
+            "let the canary set its step's share again, or cancel the run to keep this share."
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def share_change_since(deployment: Deployment, version: int) -> ShareChange | None:
+    """The remote share's change in a config version after ``version``, if any (one query:
+    only snapshots whose diff names the share). Other edits -- kill switch, threshold,
+    pools, drains -- are not share changes."""
+    changes = list(
+        ConfigSnapshot.objects.filter(
+            deployment=deployment, version__gt=version, diff__has_key=SHARE_PATH
+        ).order_by("version")
+    )
+    if not changes:
+        return None
+    first, last = changes[0], changes[-1]
+    return ShareChange(
+        version=last.version,
+        expected=first.diff[SHARE_PATH]["from"],
+        found=last.diff[SHARE_PATH]["to"],
+        author=last.author_label,
+        reason=last.reason,
+    )
+
+
+@transaction.atomic
+def canary_share_guard(*, run_id: int, deployment: Deployment) -> ShareChange | None:
+    """Called by the canary's steps before they act: when someone changed the share since the
+    canary's own last write (``params.share_version``), pause the canary with the reason
+    and return the change; else None. A paused canary holds and writes nothing, so the
+    operator's value stays. A run from before ``share_version`` existed starts tracking now."""
+    run = WorkflowRun.objects.select_for_update().get(pk=run_id)
+    locked = _lock(deployment)
+    since = run.params.get("share_version")
+    if since is None:
+        run.params = {**run.params, "share_version": locked.version}
+        run.save(update_fields=["params"])
+        return None
+    change = share_change_since(locked, int(since))
+    if change is not None and not run.params.get("paused"):
+        _pause(None, run, change.describe())
+        logger.info(
+            "canary_paused_share_changed",
+            extra={"run": run.pk, "deployment": locked.pk, **change.as_dict()},
+        )
+    return change
+
+
+@transaction.atomic
+def canary_set_share(
+    *, run_id: int, deployment: Deployment, percent: int, reason: str, guard: bool = True
+) -> ShareChange | None:
+    """The canary's own write of the remote share. With ``guard`` (a step raising the share)
+    the write happens only when nobody changed the share since the canary's last write --
+    checked under the deployment's row lock, so an operator's edit is never overwritten --
+    else the canary pauses and the change is returned. Without it (rollback, failure: the
+    safe state) the write always happens. Either way the run records the version."""
+    if guard:
+        change = canary_share_guard(run_id=run_id, deployment=deployment)
+        if change is not None:
+            return change
+    run = WorkflowRun.objects.select_for_update().get(pk=run_id)
+    _canary_write(actor=None, run=run, deployment=deployment, percent=percent, reason=reason)
+    return None
+
+
+def _canary_write(
+    *, actor: Actor, run: WorkflowRun, deployment: Deployment, percent: int, reason: str
+) -> None:
+    locked = deployment_set_remote_share(
+        actor=actor, deployment=deployment, percent=percent, reason=reason
+    )
+    run.params = {**run.params, "share_version": locked.version}
+    run.save(update_fields=["params"])
 
 
 @transaction.atomic

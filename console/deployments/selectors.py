@@ -1,10 +1,14 @@
-"""Deployment reads for the API: which config snapshot a request asks for, ETag handling and
-whether a node may read a deployment's config."""
+"""Deployment reads for the API and pages: which config snapshot a request asks for, ETag
+handling, whether a node may read a deployment's config, and what an operator editing the
+remote share should know about a canary in progress."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.http import Http404
 
+from console.deployments.flows import CANARY_KIND, active_run
 from console.deployments.models import ConfigSnapshot, Deployment
 from console.inventory.models import Node
 
@@ -52,3 +56,41 @@ def parse_version_tag(raw: object) -> int | None:
 def node_serves(node: Node, deployment: Deployment) -> bool:
     """Whether ``node`` is in one of the deployment's pools (so may read its config)."""
     return deployment.pools.filter(nodes=node).exists()
+
+
+def canary_notice(deployment: Deployment) -> dict[str, Any] | None:
+    """The pending or running canary of ``deployment`` for the deployment page's banner:
+    ``{"run", "paused", "pause_reason"}``, or None."""
+    run = active_run(deployment, CANARY_KIND)
+    if run is None:
+        return None
+    params = run.params or {}
+    return {
+        "run": run,
+        "paused": bool(params.get("paused")),
+        "pause_reason": str(params.get("pause_reason") or ""),
+    }
+
+
+def share_edit_warnings(deployment: Deployment, *, before: int, after: int) -> list[str]:
+    """What the answer to an edit of the remote share (update, restore) warns about: a canary
+    in progress drives the share, and pauses instead of overwriting an edit. Empty when the
+    share did not change or no canary is pending or running."""
+    if before == after:
+        return []
+    canary = canary_notice(deployment)
+    if canary is None:
+        return []
+    run = canary["run"]
+    if canary["paused"]:
+        return [
+            f"Canary run #{run.pk} of {deployment.name} is paused: your {after} % stays. "
+            "Resuming the canary lets it set its current step's share again; cancel the run "
+            f"(POST /api/runs/{run.pk}/cancel/) to keep yours."
+        ]
+    return [
+        f"Canary run #{run.pk} of {deployment.name} is in progress and drives the remote share: "
+        f"it pauses at its next re-check and leaves your {after} % as set. Resume it "
+        f"(POST /api/deployments/{deployment.pk}/canary/resume/) to let it set its step's "
+        f"share again, or cancel the run (POST /api/runs/{run.pk}/cancel/) to keep yours."
+    ]

@@ -21,7 +21,7 @@ from rest_framework.exceptions import APIException
 from console.core.charts import time_chart
 from console.core.choices import Role
 from console.core.pages import action_view, is_id, page_view, paginate
-from console.deployments import services
+from console.deployments import selectors, services
 from console.deployments.config import render_snapshot
 from console.deployments.models import Deployment, Pool
 from console.deployments.readiness import readiness
@@ -155,6 +155,7 @@ def deployment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "buttons": _workflow_buttons(deployment.pk),
         "charts": _charts(deployment, pools),
         "proposals": deployment.rebalance_proposals.order_by("-created_at", "-id")[:5],
+        "canary": selectors.canary_notice(deployment),
     }
     return render(request, "deployments/deployment_detail.html", context)
 
@@ -196,6 +197,7 @@ def deployment_restore(request: HttpRequest, pk: int) -> HttpResponse:
     if not is_id(raw):
         messages.error(request, "version: expected a version number")
     else:
+        before = deployment.remote_share_percent
         try:
             restored = services.deployment_restore(
                 actor=request.user, deployment=deployment, version=int(raw)
@@ -204,6 +206,10 @@ def deployment_restore(request: HttpRequest, pk: int) -> HttpResponse:
             _refused(request, exc)
         else:
             messages.success(request, restore_message(restored, int(raw)))
+            for warning in selectors.share_edit_warnings(
+                restored, before=before, after=restored.remote_share_percent
+            ):
+                messages.warning(request, warning)
     return HttpResponseRedirect(reverse("deployment-page", args=[pk]))
 
 

@@ -11,10 +11,16 @@ remote share back to 0 % at once, and the run ends ``rolled_back`` with the fail
 evidence.
 
 Pause (``params.paused``, set through the console) and an active kill switch hold the step:
-nothing advances, and the hold restarts when they clear. Abort is a console service (share 0 %
-and cancel). The kill switch itself is independent: it acts on the data plane directly and the
-canary never touches it. Runs in a Celery worker; gateway unreachable -> the step keeps
-re-checking until ``max_hold_s``, then rolls back.
+nothing advances, and the hold restarts when they clear. Operator edits win: before it acts,
+each call checks whether someone else changed the remote share since the canary's own last
+write (``flows.canary_share_guard``; the canary's writes record their config version, so they
+never count). If so the canary pauses itself with the reason (``params.pause_reason`` and the
+step's ``share_changed`` evidence) and leaves the share as the operator set it; a step raising
+the share checks again under the deployment's row lock as it writes, and a step whose gates
+passed checks again before it ends. Abort is a console service (share 0 % and cancel). The
+kill switch itself is independent: it acts on the data plane directly and the canary never
+touches it. Runs in a Celery worker; gateway unreachable -> the step keeps re-checking until
+``max_hold_s``, then rolls back.
 """
 
 from __future__ import annotations
@@ -181,19 +187,20 @@ def share_step(ctx: StepContext) -> StepResult:
         "paused" if run.params.get("paused") else ("kill switch" if deployment.kill_switch else "")
     )
     if held:
-        # Hold: the step's clock restarts when the hold ends.
-        evidence.pop("started_at", None)
-        evidence.pop("start", None)
-        evidence["held"] = held
-        return Wait(recheck, evidence)
+        return _hold(evidence, held, recheck)
+    change = flows.canary_share_guard(run_id=ctx.run_id, deployment=deployment)
+    if change is not None:
+        return _paused_by_change(ctx, evidence, change, recheck)
     now_scrape = _scrape_all(deployment)
     if "started_at" not in evidence:
-        flows.deployment_set_remote_share(
-            actor=None,
+        change = flows.canary_set_share(
+            run_id=ctx.run_id,
             deployment=deployment,
             percent=share,
             reason=f"canary #{ctx.run_id}: {share} %",
         )
+        if change is not None:  # an edit landed between the check above and this write
+            return _paused_by_change(ctx, evidence, change, recheck)
         evidence.update(
             share_percent=share,
             started_at=time.time(),
@@ -227,18 +234,42 @@ def share_step(ctx: StepContext) -> StepResult:
     failed = next((g for g in gates if not g["passed"]), None)
     if failed is not None:
         return _roll_back(ctx, deployment, evidence, failed)
+    change = flows.canary_share_guard(run_id=ctx.run_id, deployment=deployment)
+    if change is not None:  # edited while this call scraped: the gates judged another share
+        evidence.pop("gates", None)
+        return _paused_by_change(ctx, evidence, change, recheck)
     evidence.pop("start", None)  # the raw scrape served its purpose; keep the evidence small
     return Done(evidence)
+
+
+def _hold(evidence: dict[str, Any], held: str, recheck: float) -> Wait:
+    """Hold: nothing is written, and the step's clock restarts when the hold ends."""
+    evidence.pop("started_at", None)
+    evidence.pop("start", None)
+    evidence["held"] = held
+    return Wait(recheck, evidence)
+
+
+def _paused_by_change(
+    ctx: StepContext, evidence: dict[str, Any], change: flows.ShareChange, recheck: float
+) -> Wait:
+    """Someone else changed the share: the canary paused itself (``canary_share_guard``) and
+    holds with the change in its evidence; the operator's value stays."""
+    evidence["share_changed"] = change.as_dict()
+    ctx.log(change.describe())
+    return _hold(evidence, "paused", recheck)
 
 
 def _roll_back(
     ctx: StepContext, deployment: Deployment, evidence: dict[str, Any], gate: dict[str, Any]
 ) -> RollBack:
-    flows.deployment_set_remote_share(
-        actor=None,
+    # The safe state wins over any edit: no guard.
+    flows.canary_set_share(
+        run_id=ctx.run_id,
         deployment=deployment,
         percent=0,
         reason=f"canary #{ctx.run_id} rolled back: gate {gate['gate']}",
+        guard=False,
     )
     evidence.pop("start", None)
     evidence["failed_gate"] = gate
@@ -251,8 +282,12 @@ def _roll_back(
 def on_failure(ctx: StepContext) -> None:
     """Safe state after an unexpected failure (a crash, not a gate): remote share 0 %."""
     deployment = Deployment.objects.get(pk=int(ctx.target_id))
-    flows.deployment_set_remote_share(
-        actor=None, deployment=deployment, percent=0, reason=f"canary #{ctx.run_id} failed"
+    flows.canary_set_share(
+        run_id=ctx.run_id,
+        deployment=deployment,
+        percent=0,
+        reason=f"canary #{ctx.run_id} failed",
+        guard=False,
     )
 
 

@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 from django.apps import apps
 from django.contrib import admin
+from django.contrib.auth import get_user_model
 
 from console.alerts.services import alerts_evaluate
 from console.core.models import AuditLog
+from console.core.services_tokens import api_token_issue
 from console.inventory.models import Site
 from console.inventory.services import node_token_issue
 
@@ -68,6 +70,9 @@ def every_row(world):
     from console.telemetry.services import sample_record, trace_record_batch
 
     node_token_issue(actor=None, node=world.decode_node)
+    api_token_issue(
+        actor=None, user=get_user_model().objects.create_user("api-user"), name="automation"
+    )
     rollout_plan_create(actor=None, name="plan")
     run_create(actor=None, kind="selfcheck", steps=["database"], start=False)
     drills.drill_run(

@@ -732,11 +732,13 @@ def _call(api: APIClient, method: str, path: str, body: Any) -> Any:
 
 
 def _clients(api_as: Any, make_user: Any) -> dict[str, APIClient]:
-    from rest_framework.authtoken.models import Token
+    from console.core.services_tokens import api_token_issue
 
     clients = {"anonymous": api_as(None)}
     norole = APIClient()
-    norole.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=make_user(None)).key}")
+    norole.credentials(
+        HTTP_AUTHORIZATION=f"Token {api_token_issue(actor=None, user=make_user(None))[1]}"
+    )
     clients["norole"] = norole
     for role in RANK:
         clients[role] = api_as(role)

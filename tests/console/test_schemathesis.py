@@ -28,7 +28,6 @@ import hypothesis.strategies as st
 import pytest
 import schemathesis
 from django.contrib.auth import get_user_model
-from rest_framework.authtoken.models import Token
 from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import (
@@ -40,6 +39,7 @@ from console.alerts.services import alerts_evaluate, channel_create
 from console.core import celery_client
 from console.core.choices import Role
 from console.core.roles import role_group
+from console.core.services_tokens import api_token_issue
 from console.core.services_users import user_create
 from console.drills import services as drills
 from console.gatewaykeys.services import gateway_key_create
@@ -93,7 +93,7 @@ def _seed(world: Any) -> dict[str, Any]:
     admin.groups.add(role_group(Role.ADMIN))
     return {
         "admin_id": admin.pk,
-        "user_token": Token.objects.create(user=admin).key,
+        "user_token": api_token_issue(actor=None, user=admin)[1],
         "node_token": node_token_issue(actor=None, node=world.prefill_node),
         "node_id": world.prefill_node.pk,
     }

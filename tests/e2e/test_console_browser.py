@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 
+from console.core.services_tokens import api_token_issue
 from console.deployments.models import Deployment
 from console.inventory.models import Link, Node
 from console.inventory.services import node_heartbeat
@@ -198,7 +198,7 @@ def test_operator_runs_selfcheck_flips_kill_switch_and_sees_charts(
     base = live_server.url
     admin = make_user("admin", username="admin")
     make_user("operator", username="operator")
-    token = Token.objects.create(user=admin).key
+    _, token = api_token_issue(actor=None, user=admin)
     start_worker()
 
     page = _login(browser, base, "admin")

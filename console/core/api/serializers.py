@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth import get_user_model
+from django.contrib.auth import authenticate, get_user_model
 from django.contrib.auth.password_validation import validate_password
 from rest_framework import serializers
 
@@ -59,3 +59,42 @@ class AuditLogSerializer(serializers.ModelSerializer):
             "request_id",
         ]
         read_only_fields = fields
+
+
+class TokenObtainSerializer(serializers.Serializer):
+    """``POST /api/auth/token/``: a username and password for a new API token (the fields and
+    the 400 for bad credentials of DRF's ``obtain_auth_token``, which this replaces)."""
+
+    username = serializers.CharField(write_only=True)
+    password = serializers.CharField(
+        write_only=True, trim_whitespace=False, style={"input_type": "password"}
+    )
+    name = serializers.CharField(
+        write_only=True,
+        required=False,
+        default="",
+        allow_blank=True,
+        max_length=100,
+        help_text="What the token is for (a script, a machine); shown with its prefix.",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        user = authenticate(
+            request=self.context.get("request"),
+            username=attrs["username"],
+            password=attrs["password"],
+        )
+        if user is None:  # also an inactive user (ModelBackend refuses them)
+            raise serializers.ValidationError(
+                "Unable to log in with provided credentials.", code="authorization"
+            )
+        attrs["user"] = user
+        return attrs
+
+
+class TokenIssuedSerializer(serializers.Serializer):
+    """A newly issued API token: the only time it can be read (only its hash is stored)."""
+
+    token = serializers.CharField(help_text="Send as `Authorization: Token <token>`.")
+    token_prefix = serializers.CharField(help_text="Its first characters, to tell tokens apart.")
+    name = serializers.CharField()

@@ -1,5 +1,4 @@
 from django.urls import path
-from rest_framework.authtoken.views import obtain_auth_token
 from rest_framework.routers import DefaultRouter
 
 from console.core.api import views
@@ -11,7 +10,7 @@ router.register("users", views.UserViewSet, basename="user")
 
 urlpatterns = [
     path("", views.api_root, name="api-root"),
-    path("auth/token/", obtain_auth_token, name="api-token"),
+    path("auth/token/", views.TokenObtainView.as_view(), name="api-token"),
     path("me/", views.me, name="api-me"),
     *router.urls,
 ]

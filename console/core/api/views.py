@@ -7,13 +7,21 @@ from django.contrib.auth import get_user_model
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import api_view, permission_classes
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import AllowAny, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
-from console.core import services_users
+from console.core import services_tokens, services_users
 from console.core.api.base import ConsoleReadOnlyViewSet, ConsoleViewSetMixin
-from console.core.api.serializers import AuditLogSerializer, UserSerializer, UserWriteSerializer
+from console.core.api.serializers import (
+    AuditLogSerializer,
+    TokenIssuedSerializer,
+    TokenObtainSerializer,
+    UserSerializer,
+    UserWriteSerializer,
+)
 from console.core.choices import Role
 from console.core.models import AuditLog
 
@@ -77,6 +85,27 @@ class UserViewSet(
         data.is_valid(raise_exception=True)
         user = services_users.user_update(actor=request.user, user=user, **data.validated_data)
         return Response(UserSerializer(user).data)
+
+
+class TokenObtainView(APIView):
+    """``POST /api/auth/token/`` ``{"username", "password"[, "name"]}``: a new API token for
+    automation (no other authentication needed; JSON or form body). Each call issues another
+    token (earlier ones stay valid until revoked in the admin); only its hash is stored, so
+    the answer is the one time it can be read. Bad credentials: 400 ``non_field_errors``."""
+
+    authentication_classes: list[Any] = []  # the password is the credential (and no CSRF)
+    permission_classes = [AllowAny]
+    parser_classes = [JSONParser, FormParser, MultiPartParser]
+
+    @extend_schema(request=TokenObtainSerializer, responses={200: TokenIssuedSerializer})
+    def post(self, request: Request) -> Response:
+        data = TokenObtainSerializer(data=request.data, context={"request": request})
+        data.is_valid(raise_exception=True)
+        user = data.validated_data["user"]
+        row, token = services_tokens.api_token_issue(
+            actor=user, user=user, name=data.validated_data["name"]
+        )
+        return Response({"token": token, "token_prefix": row.token_prefix, "name": row.name})
 
 
 @extend_schema(responses=UserSerializer)

@@ -112,6 +112,22 @@ class DeploymentSerializer(serializers.ModelSerializer):
         return resolve_allowed_peers(prefill, list(deployment.extra_allowed_peers or []))
 
 
+class DeploymentEditedSerializer(DeploymentSerializer):
+    """The answer to an edit (update, restore): the deployment, plus what the editor should
+    know (``warnings``; the view puts them in the context)."""
+
+    warnings = serializers.SerializerMethodField(
+        help_text="Things the editor should know, e.g. that a canary in progress drives the "
+        "remote share (it pauses instead of overwriting the edit). Empty when none."
+    )
+
+    class Meta(DeploymentSerializer.Meta):
+        fields = [*DeploymentSerializer.Meta.fields, "warnings"]
+
+    def get_warnings(self, deployment: Deployment) -> list[str]:
+        return list(self.context.get("warnings", []))
+
+
 class SnapshotSerializer(serializers.ModelSerializer):
     class Meta:
         model = ConfigSnapshot

@@ -5,7 +5,7 @@ from typing import Any
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.generics import get_object_or_404
@@ -14,10 +14,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.core.api.base import ServiceModelViewSet
+from console.core.authentication import ApiTokenAuthentication
 from console.core.choices import Role
 from console.core.permissions import RolePermission
 from console.deployments import flows, selectors, services
 from console.deployments.api.serializers import (
+    DeploymentEditedSerializer,
     DeploymentSerializer,
     KillSwitchResponseSerializer,
     KillSwitchSerializer,
@@ -117,10 +119,31 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
         response["ETag"] = selectors.etag(response.data["version"])
         return response
 
+    def get_serializer_class(self) -> Any:
+        if self.action in {"update", "partial_update"}:
+            return DeploymentEditedSerializer
+        return super().get_serializer_class()
+
+    @extend_schema(request=DeploymentSerializer, responses=DeploymentEditedSerializer)
     def update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Change settings. The answer's ``warnings`` say when a canary in progress drives
+        the remote share this edit changed (the canary pauses and keeps the edit)."""
         response = super().update(request, *args, **kwargs)
         response["ETag"] = selectors.etag(response.data["version"])
         return response
+
+    @extend_schema(request=DeploymentSerializer, responses=DeploymentEditedSerializer)
+    def partial_update(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        """Change some settings (see ``update``)."""
+        return super().partial_update(request, *args, **kwargs)
+
+    def perform_update(self, serializer: Any) -> None:
+        before = serializer.instance.remote_share_percent
+        super().perform_update(serializer)
+        # The answer is rendered from the serializer after this: its context carries them.
+        serializer.context["warnings"] = selectors.share_edit_warnings(
+            serializer.instance, before=before, after=serializer.instance.remote_share_percent
+        )
 
     @extend_schema(
         parameters=[
@@ -134,7 +157,7 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
         methods=["get"],
         authentication_classes=[
             NodeTokenAuthentication,
-            TokenAuthentication,
+            ApiTokenAuthentication,
             SessionAuthentication,
         ],
         permission_classes=[ConfigReadPermission],
@@ -180,11 +203,13 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
         page = self.paginate_queryset(snapshots)
         return self.get_paginated_response(SnapshotSerializer(page, many=True).data)
 
-    @extend_schema(request=RestoreSerializer, responses=DeploymentSerializer)
+    @extend_schema(request=RestoreSerializer, responses=DeploymentEditedSerializer)
     @action(detail=True, methods=["post"])
     def restore(self, request: Request, pk: str | None = None) -> Response:
-        """Make an earlier version current again (as a new version)."""
+        """Make an earlier version current again (as a new version); ``warnings`` as for an
+        update when the restored share differs and a canary is in progress."""
         deployment = self.get_object()
+        before = deployment.remote_share_percent
         data = RestoreSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         header = request.headers.get("If-Match")
@@ -197,7 +222,12 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
             version=data.validated_data["version"],
             expected_version=expected,
         )
-        body = DeploymentSerializer(self.queryset.get(pk=deployment.pk)).data
+        warnings = selectors.share_edit_warnings(
+            deployment, before=before, after=deployment.remote_share_percent
+        )
+        body = DeploymentEditedSerializer(
+            self.queryset.get(pk=deployment.pk), context={"warnings": warnings}
+        ).data
         return Response(body, headers={"ETag": selectors.etag(deployment.version)})
 
     @extend_schema(request=KillSwitchSerializer, responses=KillSwitchResponseSerializer)

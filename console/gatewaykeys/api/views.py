@@ -8,13 +8,14 @@ from typing import Any
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, status, viewsets
-from rest_framework.authentication import SessionAuthentication, TokenAuthentication
+from rest_framework.authentication import SessionAuthentication
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from console.core.api.base import ConsoleViewSetMixin
 from console.core.api.schema import ValidationErrorSerializer
+from console.core.authentication import ApiTokenAuthentication
 from console.core.choices import Role
 from console.core.permissions import RolePermission
 from console.deployments.api.views import ConfigReadPermission
@@ -101,7 +102,7 @@ class DeploymentAccessViewSet(ConsoleViewSetMixin, viewsets.GenericViewSet):
         url_path="gateway-access",
         authentication_classes=[
             NodeTokenAuthentication,
-            TokenAuthentication,
+            ApiTokenAuthentication,
             SessionAuthentication,
         ],
         permission_classes=[AccessWritePermission],

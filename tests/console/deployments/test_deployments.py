@@ -156,10 +156,10 @@ def test_two_operators_editing_one_deployment_never_lose_an_update(api_as, world
 def test_concurrent_writes_with_the_same_version_exactly_one_wins(make_user, world):
     if connection.vendor != "postgresql":
         unavailable("row-lock concurrency test needs PostgreSQL")
-    from rest_framework.authtoken.models import Token
+    from console.core.services_tokens import api_token_issue
 
     version = world.deployment.version
-    tokens = [Token.objects.create(user=make_user("operator")).key for _ in range(4)]
+    tokens = [api_token_issue(actor=None, user=make_user("operator"))[1] for _ in range(4)]
     results: list[int] = []
     barrier = threading.Barrier(len(tokens))
 

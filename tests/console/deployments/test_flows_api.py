@@ -163,3 +163,53 @@ def test_canary_verbs_need_an_operator(api_as, deployment):
     response = api_as("viewer").post(url(deployment, "canary/abort"))
 
     assert response.status_code == 403
+
+
+def test_share_edit_during_a_canary_answers_200_with_a_warning(api_as, deployment):
+    api = api_as("operator")
+    run_id = api.post(url(deployment, "canary"), {}, format="json").data["id"]
+    path = f"/api/deployments/{deployment.pk}/"
+    etag = api.get(path)["ETag"]
+
+    edited = api.patch(path, {"remote_share_percent": 10}, format="json", HTTP_IF_MATCH=etag)
+    other = api.patch(
+        path, {"remote_prefill_threshold_tokens": 2048}, format="json", HTTP_IF_MATCH=edited["ETag"]
+    )
+    api.post(url(deployment, "canary/pause"), format="json")
+    while_paused = api.patch(
+        path, {"remote_share_percent": 20}, format="json", HTTP_IF_MATCH=other["ETag"]
+    )
+
+    assert edited.status_code == 200
+    assert edited.data["remote_share_percent"] == 10
+    assert edited.data["warnings"] == [
+        f"Canary run #{run_id} of {deployment.name} is in progress and drives the remote share: "
+        "it pauses at its next re-check and leaves your 10 % as set. Resume it "
+        f"(POST /api/deployments/{deployment.pk}/canary/resume/) to let it set its step's "
+        f"share again, or cancel the run (POST /api/runs/{run_id}/cancel/) to keep yours."
+    ]
+    assert other.data["warnings"] == []  # not a share change
+    assert while_paused.data["warnings"][0].startswith(f"Canary run #{run_id} of")
+    assert "is paused: your 20 % stays" in while_paused.data["warnings"][0]
+
+
+def test_share_edit_without_a_canary_has_no_warning(api_as, deployment):
+    response = api_as("operator").patch(
+        f"/api/deployments/{deployment.pk}/", {"remote_share_percent": 10}, format="json"
+    )
+
+    assert response.status_code == 200
+    assert response.data["warnings"] == []
+
+
+def test_api_restore_that_moves_the_share_during_a_canary_warns(api_as, deployment):
+    api = api_as("operator")
+    first = deployment.version
+    deployment_set_remote_share(actor=None, deployment=deployment, percent=30, reason="t")
+    run_id = api.post(url(deployment, "canary"), {}, format="json").data["id"]
+
+    response = api.post(url(deployment, "restore"), {"version": first}, format="json")
+
+    assert response.status_code == 200
+    assert response.data["remote_share_percent"] == 0
+    assert f"Canary run #{run_id}" in response.data["warnings"][0]

@@ -184,3 +184,48 @@ def test_deployment_and_run_pages_link_the_canary(client_as, world, canary):
     assert f'href="/canaries/?deployment={world.deployment.pk}"' in deployment
     assert f'href="/canaries/{canary.pk}/"' in run
     assert 'href="/canaries/"' in run  # nav
+
+
+def test_deployment_page_says_a_canary_drives_the_share_and_why_it_paused(client_as, world, canary):
+    page = f"/deployments/{world.deployment.pk}/"
+    running = client_as("viewer").get(page).content.decode()
+    flows.canary_pause(
+        actor=None,
+        deployment=world.deployment,
+        reason="remote share changed under the canary (50 % -> 10 %) in config v9 by alice",
+    )
+
+    paused = client_as("viewer").get(page).content.decode()
+    canary_page = client_as("operator").get(f"/canaries/{canary.pk}/").content.decode()
+
+    assert 'id="canary-banner"' in running
+    assert f'href="/canaries/{canary.pk}/">#{canary.pk}</a> is in progress' in running
+    assert "the canary pauses at its next re-check and leaves your value" in running
+    assert "canary-pause-reason" not in running
+    assert "<b>paused</b>" in paused
+    assert "Paused: remote share changed under the canary (50 % -&gt; 10 %)" in paused
+    assert "Paused: remote share changed under the canary (50 % -&gt; 10 %)" in canary_page
+
+
+def test_deployment_page_without_a_canary_has_no_banner(client_as, world):
+    html = client_as("viewer").get(f"/deployments/{world.deployment.pk}/").content.decode()
+
+    assert "canary-banner" not in html
+
+
+def test_a_restore_on_the_page_that_moves_the_share_warns_of_the_canary(client_as, world):
+    from console.deployments.flows import deployment_set_remote_share
+
+    v_zero = world.deployment.version
+    deployment_set_remote_share(actor=None, deployment=world.deployment, percent=40, reason="t")
+    run = flows.canary_start(actor=None, deployment=world.deployment)
+
+    response = client_as("operator").post(
+        f"/deployments/{world.deployment.pk}/restore/", {"version": v_zero}, follow=True
+    )
+
+    shown = [(m.level_tag, str(m)) for m in response.context["messages"]]
+    assert shown[0][0] == "success"
+    assert shown[1][0] == "warning"
+    assert f"Canary run #{run.pk} of {world.deployment.name} is in progress" in shown[1][1]
+    assert "leaves your 0 % as set" in shown[1][1]

@@ -11,8 +11,9 @@ from console.telemetry.models import MetricSample
 from tests.console.pages.conftest import add_runs, add_samples
 
 # Queries per page, whatever the amount of data (sessions, user, role, the page's reads; the
-# deployment page, the largest, reads its pools' drained nodes and rebalancing proposals too).
-MAX_QUERIES = 18
+# deployment page, the largest, reads its pools' drained nodes, rebalancing proposals and the
+# canary in progress too).
+MAX_QUERIES = 19
 
 
 def _render_all(client, pages, django_assert_max_num_queries):

@@ -196,12 +196,15 @@ def _recorded(api, schedule, query=""):
     [(None, 401), ("norole", 403), ("viewer", 200), ("operator", 200), ("admin", 200)],
 )
 def test_recorded_cost_needs_viewer(tidal, api_as, make_user, role, status):
-    from rest_framework.authtoken.models import Token
     from rest_framework.test import APIClient
+
+    from console.core.services_tokens import api_token_issue
 
     if role == "norole":
         api = APIClient()
-        api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=make_user(None))}")
+        api.credentials(
+            HTTP_AUTHORIZATION=f"Token {api_token_issue(actor=None, user=make_user(None))[1]}"
+        )
     else:
         api = api_as(role)
     assert _recorded(api, tidal.schedule).status_code == status
