@@ -15,6 +15,10 @@ One call of :func:`carry_out` is one short step of the hour, never a sleep:
    agent reports it ``healthy`` rejoins the pool;
 2. **drain**: the nodes of ``stop`` are marked ``drained`` in the pool, and with the rejoined
    ones this writes one new config version (``console.deployments.services.pool_set_drained``);
+   A higher share that ``tidal_apply_hour`` held back because no node of ``run`` was in
+   rotation (``scale.share``, ``waiting``) is published once every decode gateway applied the
+   rejoin version and shows the joined instances available (re-checked like a drain;
+   ``TIDAL_DRAIN_TIMEOUT_S`` at most): traffic goes to an instance only once it serves;
 3. **wait** (re-checked, the row says ``draining``): every decode gateway of the deployment
    must report that version applied (``pdbridge_gateway_config_version``) and no leg in flight
    to the nodes leaving (``pdbridge_gateway_instance_in_flight``), or
@@ -48,7 +52,7 @@ from django.utils import timezone
 
 from console.deployments.config import build_config
 from console.deployments.models import Deployment, Pool
-from console.deployments.services import pool_set_drained
+from console.deployments.services import deployment_update, pool_set_drained
 from console.inventory.choices import NodeStatus
 from console.inventory.models import Node
 from console.schedules.choices import FINAL_OUTCOMES
@@ -149,6 +153,74 @@ def gateways_drained(
     return bool(answers) and all(a["applied"] for a in answers), answers
 
 
+def gateways_serving(
+    config: dict[str, Any], site: str, hosts: list[str], version: int
+) -> tuple[bool, list[dict[str, Any]]]:
+    """Whether every decode gateway of the deployment applied ``version`` and has the prefill
+    instances on ``hosts`` at ``site`` in its pool and available (its own health probes found
+    them serving); with each gateway's answer (evidence)."""
+    ssl_ctx = agentops.http_ssl_context()
+    answers: list[dict[str, Any]] = []
+    for target in agentops.targets(config, "decode"):
+        url = agentops.gateway_url(target)
+        try:
+            page = agentops.run_async(gm.scrape(url, ssl_ctx, SCRAPE_TIMEOUT_S))
+        except Exception as exc:  # unreachable: not serving them (the timeout bounds it)
+            answers.append({"gateway": url, "error": repr(exc)[:300], "serving": False})
+            continue
+        available = page["instance_available"].get("prefill", {}).get(site, {})
+        up = sorted(urlsplit(u).hostname or "" for u, n in available.items() if n >= 1)
+        applied = (page["config_version"] or 0) >= version
+        answers.append(
+            {
+                "gateway": url,
+                "config_version": page["config_version"],
+                "available": up,
+                "serving": applied and all(h in up for h in hosts),
+            }
+        )
+    return bool(answers) and all(a["serving"] for a in answers), answers
+
+
+def _publish_share(
+    row: TidalApplication, deployment: Deployment, config: dict[str, Any], scale: dict[str, Any]
+) -> bool:
+    """The hour's share held back by ``tidal_apply_hour`` (``scale.share``, state ``waiting``)
+    goes out once the engines that joined are in every gateway's pool and available (or
+    ``TIDAL_DRAIN_TIMEOUT_S`` after they joined: recorded ``timed_out``). Returns whether it
+    is still waiting."""
+    share = dict(scale.get("share") or {})
+    joined = scale.get("joined")
+    if share.get("state") != "waiting" or not joined:
+        return False  # nothing held, or no engine joined yet (the next tick launches again)
+    site = row.schedule.remote_site.name
+    ok, answers = gateways_serving(config, site, joined["nodes"], int(joined["version"]))
+    share["gateways"] = answers
+    share["checks"] = int(share.get("checks", 0)) + 1
+    share.setdefault("joined_at", _iso(timezone.now()))
+    waited = timezone.now() - datetime.fromisoformat(share["joined_at"])
+    timed_out = waited.total_seconds() >= float(settings.TIDAL_DRAIN_TIMEOUT_S)
+    if not ok and not timed_out:
+        scale["share"] = share
+        return True
+    if deployment.kill_switch or canary_in_progress(deployment) is not None:
+        share["state"] = "skipped"  # an operator's switch or a canary owns the share now
+    else:
+        updated = deployment_update(
+            actor=None,
+            deployment=deployment,
+            reason=f"tidal {row.hour:02d}:00: share once {', '.join(joined['nodes'])} serve",
+            remote_share_percent=share["percent"],
+        )
+        share.update(
+            state="published" if ok else "timed_out",
+            version=updated.version,
+            published_at=_iso(timezone.now()),
+        )
+    scale["share"] = share
+    return False
+
+
 def _step(
     row: TidalApplication, deployment: Deployment, scale: dict[str, Any]
 ) -> tuple[str, list[str]]:
@@ -226,6 +298,11 @@ def _step(
                     "started_at": _iso(timezone.now()),
                     "state": "waiting",
                 }
+    # 2b. a share held for this scale-up goes out once the joined engines serve.
+    if _publish_share(row, deployment, config, scale):
+        scale["drain"] = drain
+        scale["agents"] = list({**done, **results}.values())
+        return DRAINING, errors
     # 3. wait for the gateways (re-checked by the caller, never slept on here).
     to_stop = [h for h in leaving if h not in done]
     timeout_s = float(settings.TIDAL_DRAIN_TIMEOUT_S)
@@ -298,7 +375,7 @@ def carry_out(application_id: int) -> str:
         calls = len(scale.get("agents", []))
         scale["agent_calls"] = {
             DONE: f"{calls} node(s) called",
-            DRAINING: "draining: waiting for the gateways to apply the drain",
+            DRAINING: "waiting for the gateways to apply the drain or serve the joined engines",
         }.get(state, f"failed: {len(errors)} error(s)")
         if row.scale.get("agents_state") != DRAINING:  # re-checks of a drain are one attempt
             scale["agent_attempts"] = int(scale.get("agent_attempts", 0)) + 1

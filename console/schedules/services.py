@@ -255,6 +255,17 @@ def _scale_intent(schedule: TidalSchedule, instances: int) -> dict[str, Any]:
     }
 
 
+def _share_waits_for_join(deployment: Deployment, scale: dict[str, Any], share: float) -> bool:
+    """Whether the hour's higher remote share must wait for its engines: it raises the share
+    while none of the nodes that should run is in rotation now (all drained, the hour before
+    ran no remote instance)."""
+    if share <= deployment.remote_share_percent or not scale["run"] or scale["pool"] is None:
+        return False
+    pool = Pool.objects.get(pk=scale["pool"])
+    drained = set(pool.drained_nodes.values_list("hostname", flat=True))
+    return all(host in drained for host in scale["run"])
+
+
 def _record(
     schedule: TidalSchedule,
     hour_start: datetime,
@@ -333,7 +344,15 @@ def tidal_apply_hour(*, schedule_id: int, now: datetime | None = None) -> TidalA
             before=before,
             after=before,
         )
-    settings: dict[str, Any] = {"remote_share_percent": plan.remote_share_percent}
+    scale = _scale_intent(schedule, plan.remote_instances)
+    share = plan.remote_share_percent
+    if _share_waits_for_join(deployment, scale, share):
+        # The share goes out once an engine of ``run`` is up and in the gateways' pool
+        # (``orchestrator.tidalops``): published now it would send traffic to a site with no
+        # instance in rotation, every such request a ``no_remote_site`` fallback meanwhile.
+        scale["share"] = {"percent": share, "state": "waiting"}
+        share = deployment.remote_share_percent
+    settings: dict[str, Any] = {"remote_share_percent": share}
     if plan.remote_share_percent:
         # Nothing remote: the threshold is moot, so the deployment keeps its own.
         settings["remote_prefill_threshold_tokens"] = plan.threshold_tokens
@@ -370,7 +389,7 @@ def tidal_apply_hour(*, schedule_id: int, now: datetime | None = None) -> TidalA
         before=before,
         after=after,
         config_version=updated.version,
-        scale=_scale_intent(schedule, plan.remote_instances),
+        scale=scale,
         error="",
     )
 

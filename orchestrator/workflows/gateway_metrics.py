@@ -35,6 +35,13 @@ def parse(text: str) -> dict[str, Any]:
         "kill_switch": None,
         # role -> site -> instance url -> legs in flight (the tidal drain waits for 0)
         "instance_in_flight": {},
+        # role -> site -> instance url -> 1 when in the pool and available (a tidal scale-up
+        # publishes its share once the new instance is)
+        "instance_available": {},
+        # The gateway's own signs of a fault (a drill waits for them to move).
+        "breaker_ejections": 0.0,
+        "fallbacks": {},  # cause -> count
+        "failovers_from": {},  # site failed over from -> count
     }
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -64,9 +71,21 @@ def parse(text: str) -> dict[str, Any]:
                 out["remote_share"] = value
             elif name == "pdbridge_gateway_kill_switch":
                 out["kill_switch"] = value
-            elif name == "pdbridge_gateway_instance_in_flight":
-                by_site = out["instance_in_flight"].setdefault(labels.get("role", ""), {})
+            elif name in (
+                "pdbridge_gateway_instance_in_flight",
+                "pdbridge_gateway_instance_available",
+            ):
+                key = "instance_in_flight" if name.endswith("in_flight") else "instance_available"
+                by_site = out[key].setdefault(labels.get("role", ""), {})
                 by_site.setdefault(labels.get("site", ""), {})[labels.get("instance", "")] = value
+            elif name == "pdbridge_gateway_breaker_ejections":
+                out["breaker_ejections"] += value
+            elif name == "pdbridge_gateway_fallbacks_total":
+                cause = labels.get("cause", "")
+                out["fallbacks"][cause] = out["fallbacks"].get(cause, 0.0) + value
+            elif name == "pdbridge_gateway_prefill_failovers_total":
+                site = labels.get("from_site", "")
+                out["failovers_from"][site] = out["failovers_from"].get(site, 0.0) + value
     return out
 
 

@@ -66,7 +66,8 @@ pytestmark = [
 #: passing run returns as soon as the event is seen.
 EVENT_S = 120
 DAY = datetime(2026, 11, 30, tzinfo=UTC)
-CAPACITY = [2] * 12 + [1] * 6 + [2] * 6  # two remote instances at 11:00, one at 12:00
+#: No remote instance until 04:00 and at 23:00, two at 11:00, one at 12:00.
+CAPACITY = [0] * 4 + [2] * 8 + [1] * 6 + [2] * 5 + [0]
 POLL_S = 0.5
 GATEWAY_SETTINGS = {
     "poll_interval_s": POLL_S,
@@ -114,8 +115,10 @@ def agent_bed(tmp: Path, site: str, double_args: tuple[str, ...] = ()) -> Iterat
     addresses = {i: (f"10.215.{octet}.{4 * i - 3}", f"10.215.{octet}.{4 * i - 2}") for i in (1, 2)}
     ca = create_ca(tmp / "ca")
     names = [addresses[i][1] for i in (1, 2)]
-    certs = {n: create_node_cert(ca, tmp / "certs", n) for n in [*names, "orchestrator"]}
-    certs["gateway"] = create_node_cert(ca, tmp / "certs", "gateway")
+    certs = {
+        n: create_node_cert(ca, tmp / "certs", n, loopback=True) for n in [*names, "orchestrator"]
+    }
+    certs["gateway"] = create_node_cert(ca, tmp / "certs", "gateway", loopback=True)
     procs: list[Any] = []
     nodes: dict[str, Node] = {}
     try:
@@ -471,6 +474,45 @@ def test_a_tidal_scale_down_drains_the_node_from_the_gateway_before_its_engine_s
     world.wait_version(late.scale["joined"]["version"])
     site = world.routing()["sites"][0]
     assert {i["name"]: i["drained"] for i in site["instances"]} == {staying: False, leaving: False}
+
+
+def test_tidal_zero_one_zero_remote_instances_under_load_costs_no_fallback(world: World) -> None:
+    """0 -> 1 -> 0 remote instances with traffic flowing: the hour that starts an instance
+    publishes its share only once the engine is up and in the gateway's pool (it once went
+    out first: ~7 s of ``no_remote_site`` fallbacks); the hour that ends it sets the share
+    to 0 first, then drains, then stops."""
+    night = world.hour(3)
+    assert (night.plan["remote_instances"], night.plan["remote_share_percent"]) == (0, 0)
+    world.wait_version(world.deployment().version)
+    prompt = _prompt(world.deployment().remote_prefill_threshold_tokens)
+
+    with Load(world.gateway.url, world.ssl, prompt) as load:
+        load.wait_for(20)
+        morning = world.hour(12)
+        load.wait_for(len(load.results) + 40)
+        published = time.time()
+        load.wait_for(len(load.results) + 20)
+        late = world.hour(23)
+        load.wait_for(len(load.results) + 20)
+
+    assert morning.plan["remote_instances"] == 1 and morning.plan["remote_share_percent"] > 0
+    share, joined = morning.scale["share"], morning.scale["joined"]
+    # Held back, then published in a later version, once the gateway served the engine.
+    assert share["state"] == "published", share
+    assert share["percent"] == morning.plan["remote_share_percent"]
+    assert share["version"] > joined["version"]
+    assert all(g["serving"] for g in share["gateways"]), share["gateways"]
+    assert morning.config_version < share["version"]
+    assert late.plan["remote_share_percent"] == 0
+    assert late.scale["drain"]["state"] == "applied", late.scale
+    statuses = [s for s, _, _ in load.results]
+    assert statuses.count(200) == len(statuses), (
+        {s: statuses.count(s) for s in set(statuses)},
+        load.errors,
+    )
+    paths = [p for _, p, _ in load.results]
+    assert paths.count("fallback") == 0, {p: paths.count(p) for p in set(paths)}
+    assert "remote" in [p for _, p, t in load.results if t > published], "never served remote"
 
 
 def test_a_dead_instance_is_ejected_and_the_site_keeps_serving_on_the_other(
