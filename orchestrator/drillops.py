@@ -6,7 +6,8 @@ blocking. Agent calls raise ``grpc.aio.AioRpcError`` (refused or unreachable) or
 ``orchestrator.agentops.AgentOpsError`` (missing controller TLS settings); a gateway that cannot be scraped raises
 ``OSError`` / ``urllib.error.URLError``.
 
-Idempotency: fault injections carry a request id derived from the run and the fault's index, so
+Idempotency: fault injections carry a request id derived from the run (its id and creation
+time: :func:`run_key`) and the fault's index, so
 a step re-executed after its worker died sends the same request and the agent answers it from
 its request-id cache instead of injecting twice. The load generator is spawned once per run: its
 pid file in the run directory is written before anything else, and a re-executed step that finds
@@ -112,21 +113,31 @@ def _ssl_context(url: str) -> ssl.SSLContext | None:
     return context
 
 
-def breaker_ejections(gateway_url: str, timeout_s: float = 10.0) -> float:
-    """Sum of ``pdbridge_gateway_breaker_ejections`` over every breaker of the gateway."""
-    from prometheus_client.parser import text_string_to_metric_families
+def gateway_signals(gateway_url: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """What the gateway itself says, from its ``/metrics``: ``threshold`` (the effective
+    remote-prefill threshold it applies now, tokens; None when it does not say),
+    ``ejections`` (breaker ejections, summed), ``fallbacks`` (fallbacks for a failure --
+    every cause but ``link_saturated``, which is load, not a fault) and ``failovers`` (by
+    the site failed over from)."""
+    from orchestrator.workflows.gateway_metrics import parse
 
     request = urllib.request.Request(gateway_url.rstrip("/") + "/metrics")  # noqa: S310 - http(s) only, validated
     with urllib.request.urlopen(  # noqa: S310 - scheme validated by the drill service
         request, timeout=timeout_s, context=_ssl_context(gateway_url)
     ) as response:
-        text = response.read().decode()
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "pdbridge_gateway_breaker_ejections":
-                total += float(sample.value)
-    return total
+        page = parse(response.read().decode())
+    fallbacks = page["fallbacks"]
+    return {
+        "threshold": page["effective_threshold"],
+        "ejections": page["breaker_ejections"],
+        "fallbacks": sum(n for cause, n in fallbacks.items() if cause != "link_saturated"),
+        "failovers": page["failovers_from"],
+    }
+
+
+def breaker_ejections(gateway_url: str, timeout_s: float = 10.0) -> float:
+    """Sum of ``pdbridge_gateway_breaker_ejections`` over every breaker of the gateway."""
+    return float(gateway_signals(gateway_url, timeout_s)["ejections"])
 
 
 def post_json(url: str, body: dict[str, Any], timeout_s: float = 120.0) -> tuple[int, str, Any]:
@@ -148,17 +159,29 @@ def post_json(url: str, body: dict[str, Any], timeout_s: float = 120.0) -> tuple
         return exc.code, exc.headers.get(PATH_HEADER, ""), exc.read().decode()[:500]
 
 
-def run_dir(run_id: int) -> Path:
-    """Where a run's load generator writes (``<VAR_DIR>/drills/run-<id>``), created."""
-    path = Path(settings.VAR_DIR) / "drills" / f"run-{run_id}"
+def run_key(run_id: int) -> str:
+    """The run's own name on disk and in agent request ids: its id and creation time, so that
+    a database started afresh (the testbed's, after a restart), whose ids begin again at 1,
+    never meets an earlier run's files or an agent's cached answers."""
+    from console.runs.models import WorkflowRun
+
+    created = WorkflowRun.objects.values_list("created_at", flat=True).get(pk=run_id)
+    return f"run-{run_id}-{created:%Y%m%dT%H%M%S%f}"
+
+
+def run_dir(key: str) -> Path:
+    """Where a run's load generator and marks live (``<VAR_DIR>/drills/<key>``, ``key``
+    from :func:`run_key`), created."""
+    path = Path(settings.VAR_DIR) / "drills" / key
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-def start_load(run_id: int, params: dict[str, Any], duration_s: float) -> dict[str, Any]:
-    """Start ``pdbridge loadgen`` for the run in the background (once per run), bounded by
-    ``duration_s`` and stoppable by its stop file; returns where its files are."""
-    d = run_dir(run_id)
+def start_load(key: str, params: dict[str, Any], duration_s: float) -> dict[str, Any]:
+    """Start ``pdbridge loadgen`` for the run ``key`` (:func:`run_key`) in the background
+    (once per run), bounded by ``duration_s`` and stoppable by its stop file; returns where
+    its files are."""
+    d = run_dir(key)
     info_path = d / "loadgen.json"
     if info_path.exists():  # a re-executed step: the generator already runs (or ran)
         info: dict[str, Any] = json.loads(info_path.read_text())

@@ -111,3 +111,21 @@ def evaluate(criteria: dict[str, Any], figures: dict[str, Any]) -> list[dict[str
         ok = bool(figures["verification"].get("ok"))
         row("require_verification", True, ok, ok)
     return rows
+
+
+def failure_line(results: list[dict[str, Any]], verification: dict[str, Any]) -> str:
+    """Why a judged drill failed, in one line ("" when every criterion passed): each failed
+    criterion with its measured value and limit, the verification's own reason in words."""
+    parts = []
+    for r in results:
+        if r["passed"]:
+            continue
+        if r["criterion"] == "require_verification":
+            parts.append(
+                "verification: " + (verification.get("reason") or "the samples did not pass")
+            )
+        elif r["limit"] is True:
+            parts.append(f"{r['criterion']}: not met (measured {r['value']})")
+        else:
+            parts.append(f"{r['criterion']}: {r['value']} against a limit of {r['limit']}")
+    return "; ".join(parts)

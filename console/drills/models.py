@@ -11,6 +11,7 @@ from django.db import models
 from console.catalog.models import validate_json_object
 from console.core.models import Timestamped
 from console.drills.choices import DrillKind, ReportState
+from console.drills.criteria import failure_line
 from console.inventory.models import name_validator
 
 
@@ -246,3 +247,10 @@ class DrillReport(models.Model):
 
     def __str__(self) -> str:
         return f"{self.drill_id and self.drill.name} report #{self.pk} ({self.state})"
+
+    @property
+    def failure_reason(self) -> str:
+        """Why a failed report failed, in one line ("" unless failed)."""
+        if self.state != ReportState.FAILED:
+            return ""
+        return failure_line(self.criteria_results or [], self.verification or {})

@@ -227,6 +227,20 @@ def drill_delete(*, actor: Actor, drill: Drill) -> None:
         task.delete()
 
 
+def _sample_sizing(deployment: Deployment) -> dict[str, Any]:
+    """The model's characters per token (1 when the catalog does not say: a byte tokenizer)
+    and context length (None: unknown), for sizing verification prompts in the worker."""
+    settings = deployment.model.engine_settings or {}
+    per_token = settings.get("chars_per_token")
+    max_len = settings.get("max_model_len")
+    return {
+        "chars_per_token": per_token
+        if isinstance(per_token, int | float) and not isinstance(per_token, bool) and per_token > 0
+        else 1,
+        "max_model_len": max_len if isinstance(max_len, int) and max_len > 32 else None,
+    }
+
+
 def _remote_lengths(deployment: Deployment) -> list[int]:
     """The default verification sample: one prompt twice the remote threshold (so it goes
     remote even after the gateway re-tuned the threshold up a step or two), at least 64
@@ -327,6 +341,10 @@ def drill_params(drill: Drill) -> dict[str, Any]:
         or f"http://{host}:{int(settings.get('port', 8000))}",
         "model": targets.get("model") or deployment.model.name,
         "verify_prompts": targets.get("verify_prompts") or _remote_lengths(deployment),
+        # How a sample is sized against the threshold the gateway is applying when it is sent
+        # (its re-tuner may have raised it well above the configured one).
+        # Prompt lengths an operator gave are sent as given.
+        "sample": None if targets.get("verify_prompts") else _sample_sizing(deployment),
         "faults": faults,
         # Tried in order when an agent of ``faults`` cannot act on its target.
         "fault_alternatives": alternatives,

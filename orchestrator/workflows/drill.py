@@ -9,8 +9,8 @@ collect the load -> a verification sample through the gateway against the decode
 -> the report. Every window is a ``Wait`` re-check; no worker sleeps through a fault.
 
 Inputs are the run's params, resolved by ``console.drills.services.drill_params`` when the drill
-started. The load generator's files live in ``<VAR_DIR>/drills/run-<id>/`` on the worker that
-started it, so a drill's steps expect workers sharing that directory (one worker host, or the
+started. The load generator's files live in ``<VAR_DIR>/drills/run-<id>-<created>/`` (a
+database started afresh never meets an earlier run's files) on the worker that started it, so a drill's steps expect workers sharing that directory (one worker host, or the
 site queue of the local site).
 """
 
@@ -49,7 +49,7 @@ def start_load(ctx: StepContext) -> StepResult:
     p = ctx.params
     duration = p["baseline_s"] + p["fault_s"] + p["recover_timeout_s"] + p["after_s"] + LOAD_SLACK_S
     ejections = drillops.breaker_ejections(p["gateway_url"])
-    info = drillops.start_load(ctx.run_id, p, duration)
+    info = drillops.start_load(drillops.run_key(ctx.run_id), p, duration)
     ctx.log(f"load generator pid {info['pid']} for at most {duration:.0f} s")
     return Done({**info, "breaker_ejections_before": ejections})
 
@@ -91,15 +91,29 @@ def _spec(fault: dict[str, Any], p: dict[str, Any]) -> dict[str, Any]:
     return {f["node"]: f for f in p["faults"]}[fault["node"]]
 
 
+def _signals(p: dict[str, Any]) -> dict[str, Any] | None:
+    """The gateway's own signals (:func:`drillops.gateway_signals`), None when its metrics
+    cannot be read."""
+    try:
+        return drillops.gateway_signals(p["gateway_url"])
+    except OSError:
+        return None
+
+
 def inject_fault(ctx: StepContext) -> StepResult:
     """Inject the fault on the first placement whose agents can all act on it; an agent that
     cannot (``FAILED_PRECONDITION``: no proxy or route for that peer) moves the fault to the
-    next placement, after clearing what this one already injected."""
+    next placement, after clearing what this one already injected. The gateway's signals
+    just before are kept: the fault window waits for them to move."""
     p = ctx.params
-    marks = drillops.run_dir(ctx.run_id) / "injected_at"
+    key = drillops.run_key(ctx.run_id)
+    folder = drillops.run_dir(key)
+    marks, before = folder / "injected_at", folder / "signals_before.json"
     if not marks.exists():  # the first attempt's moment survives a re-execution
+        before.write_text(json.dumps(_signals(p)))
         marks.write_text(repr(time.time()))
     injected_at = float(marks.read_text())
+    signals = json.loads(before.read_text()) if before.exists() else None
     refused: list[str] = []
     for label, specs in _placements(p):
         if not specs:
@@ -109,9 +123,7 @@ def inject_fault(ctx: StepContext) -> StepResult:
             for index, fault in enumerate(specs):
                 suffix = str(index) if label == "primary" else f"{label}-{index}"
                 faults.append(
-                    drillops.inject(
-                        fault, p["fault_s"], request_id=f"drill-run{ctx.run_id}-{suffix}"
-                    )
+                    drillops.inject(fault, p["fault_s"], request_id=f"drill-{key}-{suffix}")
                 )
                 ctx.log(f"{fault['kind']} on {fault['node']} -> {fault['target']}")
         except Exception as exc:
@@ -130,6 +142,7 @@ def inject_fault(ctx: StepContext) -> StepResult:
                 "faults": faults,
                 "placement": label,
                 "refused": refused,
+                "signals_before": signals,
             }
         )
     return Fail("no agent could inject the fault: " + "; ".join(refused))
@@ -143,33 +156,54 @@ def fault_window(ctx: StepContext) -> StepResult:
     injected = ctx.previous["inject_fault"]
     due = injected["expires_at"]
     sample = ctx.evidence.get("sample")
-    if sample is None and not _fault_in_effect(ctx, injected["injected_at"]):
-        # A sample sent before the gateway has noticed the fault can still be served the old
-        # way (seen: a link cut whose first 3 s still served one request remote); it would then
-        # prove nothing about the path the drill exists to test. Wait for the load to show the
-        # fault in effect, at most half the window.
-        if time.time() < injected["injected_at"] + p["fault_s"] / 2:
-            return Wait(RECHECK_S)
-        ctx.log("the load showed no request served around the fault yet; sampling anyway")
+    seen = ctx.evidence.get("fault_seen")
+    if sample is None and seen is None:
+        seen = _fault_seen(ctx, injected)
+        if seen is None:
+            # A sample sent before the gateway has noticed the fault is served the old way
+            # (seen: a scheduled drill's sample 1 s after injection, the gateway's breaker 4 s)
+            # and proves nothing about the path the drill exists to test. Wait for the
+            # gateway's own signal, at most half the window.
+            if time.time() < injected["injected_at"] + p["fault_s"] / 2:
+                return Wait(RECHECK_S)
+            seen = "not seen by the gateway within half the fault window; sampled anyway"
+        ctx.log(f"fault in effect: {seen}")
     if sample is None:
         # Its own prompt (seed): the after-fault sample must not find this one's prefix cached.
         sample = verification_sample(p, p["verify_prompts"][0], seed=-ctx.run_id)
         ctx.log(f"sample during the fault: {sample['path'] or 'no path'}, match {sample['match']}")
     if time.time() < due:
-        return Wait(due - time.time(), {"sample": sample})
-    return Done({"ended_at": time.time(), "sample": sample})
+        return Wait(due - time.time(), {"sample": sample, "fault_seen": seen})
+    return Done({"ended_at": time.time(), "sample": sample, "fault_seen": seen})
 
 
-def _fault_in_effect(ctx: StepContext, since: float) -> bool:
-    """A request of the drill's load, started after ``since``, served away from the faulted
-    path: by the fallback, or (a drill of one site) by another site."""
-    site = ctx.params.get("site") or ""
-    return any(
-        r["start"] >= since
-        and r["outcome"] == "ok"
-        and (r["path"] != "remote" or (site and r.get("site") != site))
-        for r in read_records_of(_load(ctx))
-    )
+def _fault_seen(ctx: StepContext, injected: dict[str, Any]) -> str | None:
+    """The gateway's own sign that it has seen the fault (None: not yet): since the
+    injection, a breaker ejected, a fallback for a failure or -- a drill of one site -- a
+    request failed over from that site. Without the gateway's metrics, the load's: a request
+    started after the injection served by the fallback or (one site) by another site."""
+    p = ctx.params
+    site = p.get("site") or ""
+    before = injected.get("signals_before")
+    now = _signals(p) if before else None
+    if before and now:
+        if now["ejections"] > before["ejections"]:
+            return "the gateway's breaker opened"
+        if site:
+            moved = now["failovers"].get(site, 0) - before["failovers"].get(site, 0)
+            if moved > 0:
+                return f"the gateway failed over from {site}"
+        if now["fallbacks"] > before["fallbacks"]:
+            return "the gateway fell back to local prefill"
+        return None
+    since = injected["injected_at"]
+    for r in read_records_of(_load(ctx)):
+        if r["start"] >= since and r["outcome"] == "ok":
+            if r["path"] == "fallback":
+                return "the load got a fallback answer"
+            if site and r["path"] == "remote" and r.get("site") != site:
+                return "the load got an answer from another site"
+    return None
 
 
 def restore(ctx: StepContext) -> StepResult:
@@ -237,9 +271,43 @@ def collect_load(ctx: StepContext) -> StepResult:
     )
 
 
+#: A sample prompt is this much above the threshold the gateway applies when it is sent (one
+#: re-tuning step, 1.25x, plus some tokens), so that a rise meanwhile still routes it remote.
+SAMPLE_MARGIN = 1.25
+SAMPLE_MARGIN_TOKENS = 16
+
+
+def sample_length(p: dict[str, Any], length: int, threshold: float | None) -> int:
+    """The prompt length (characters) of a verification sample of at least ``length``, sized
+    above the gateway's effective ``threshold`` (tokens; None: unknown, ``length`` as is) by
+    the margin, within the model's context (``p["sample"]``; None: the operator chose the
+    lengths, ``length`` as is)."""
+    sizing = p.get("sample")
+    if not sizing or threshold is None:  # lengths an operator chose, or nothing to size from
+        return length
+    per_token = float(sizing.get("chars_per_token") or 1)
+    tokens = int(threshold * SAMPLE_MARGIN) + SAMPLE_MARGIN_TOKENS
+    max_len = sizing.get("max_model_len")
+    if max_len:
+        tokens = min(tokens, int(max_len) - 16)
+    return max(length, int(tokens * per_token))
+
+
 def verification_sample(p: dict[str, Any], length: int, seed: int) -> dict[str, Any]:
-    """One prompt of ``length`` through the gateway vs the decode engine alone, greedy, token
-    for token: the row ``verify`` judges (path served, match, divergence)."""
+    """One prompt of at least ``length`` through the gateway vs the decode engine alone,
+    greedy, token for token: the row ``verify`` judges (path served, match, divergence, and
+    the gateway's threshold when it was sent). The prompt is sized above the threshold the
+    gateway applies now (:func:`sample_length`): its re-tuner may have raised it up to 4x the
+    configured one."""
+    signals = _signals(p)
+    threshold = signals["threshold"] if signals else None
+    length = sample_length(p, length, threshold)
+    row = _sample(p, length, seed)
+    row["threshold"] = threshold
+    return row
+
+
+def _sample(p: dict[str, Any], length: int, seed: int) -> dict[str, Any]:
     body = {
         "model": p["model"],
         "prompt": make_prompt(length, seed=seed),

@@ -184,8 +184,44 @@ def verification_verdict(
     remote = sum(1 for r in rows if r.get("path") == "remote" and r.get("match"))
     ok = bool(rows) and all(r.get("match") for r in rows) and remote > 0
     verdict: dict[str, Any] = {"ok": ok, "remote_compared": remote, "prompts": rows}
+    reasons = [_row_problem(r) for r in rows if not r.get("match")]
+    if not rows:
+        reasons.append("no verification sample was taken")
+    elif remote == 0 and not reasons:
+        served = ", ".join(f"{r.get('length')} chars {r.get('path') or 'no path'}" for r in rows)
+        reasons.append(
+            f"no verification sample went remote ({served}{_threshold_note(rows, '; ')}): the "
+            "remote path was not verified"
+        )
     if during is not None:
         fell_back = during.get("path") == "fallback" and bool(during.get("match"))
         during_ok = bool(during.get("match")) and (fell_back or not every_site)
         verdict.update(ok=ok and during_ok, during=during, fallback_compared=int(fell_back))
+        if not during.get("match"):
+            reasons.append("during the fault: " + _row_problem(during))
+        elif not during_ok:
+            reasons.append(
+                f"the sample sent during the fault was served {during.get('path') or 'no path'},"
+                f" not by the fallback{_threshold_note([during], ' (')}"
+            )
+    if reasons:
+        verdict["reason"] = "; ".join(reasons)
     return verdict
+
+
+def _row_problem(row: dict[str, Any]) -> str:
+    """Why one sample row did not match, in words."""
+    where = f"the {row.get('length')}-char sample ({row.get('path') or 'no path'})"
+    if row.get("error"):
+        return f"{where} failed: {row['error']}"
+    return f"{where} differed from the decode engine's own answer at {row.get('divergence')}"
+
+
+def _threshold_note(rows: list[dict[str, Any]], lead: str) -> str:
+    """The gateway's threshold when the samples were sent ("" when they did not record it),
+    after ``lead`` ("; " inside brackets, " (" to open them)."""
+    seen = [r["threshold"] for r in rows if r.get("threshold") is not None]
+    if not seen:
+        return ""
+    note = f"the gateway's threshold then: {max(seen):g} tokens"
+    return f"{lead}{note}" + (")" if lead == " (" else "")

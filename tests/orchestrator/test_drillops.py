@@ -33,8 +33,8 @@ def _wait(path: Path, timeout: float = 60) -> None:
 
 def test_load_starts_once_per_run_and_stops_at_its_bound(tmp_path: Path):
     with override_settings(VAR_DIR=tmp_path):
-        first = drillops.start_load(41, _params(), duration_s=1.5)
-        again = drillops.start_load(41, _params(), duration_s=99)
+        first = drillops.start_load("run-41", _params(), duration_s=1.5)
+        again = drillops.start_load("run-41", _params(), duration_s=99)
 
     assert again == first
     assert Path(first["output"]).parent == tmp_path / "drills" / "run-41"
@@ -56,7 +56,7 @@ def test_the_generator_is_reaped_when_it_ends_and_leaves_no_zombie(tmp_path: Pat
     """The worker that started it waits for it: once it exits its pid is gone, not a
     zombie beside the worker (#19: each drill left one)."""
     with override_settings(VAR_DIR=tmp_path):
-        info = drillops.start_load(44, _params(), duration_s=1.0)
+        info = drillops.start_load("run-44", _params(), duration_s=1.0)
     _wait(Path(info["summary"]))
 
     deadline = deadline_in(30)
@@ -67,7 +67,7 @@ def test_the_generator_is_reaped_when_it_ends_and_leaves_no_zombie(tmp_path: Pat
 
 def test_stop_file_ends_the_load_early(tmp_path: Path):
     with override_settings(VAR_DIR=tmp_path):
-        info = drillops.start_load(42, _params(), duration_s=120)
+        info = drillops.start_load("run-42", _params(), duration_s=120)
     _wait(Path(info["output"]))
     started = time.monotonic()
 
@@ -83,3 +83,25 @@ def test_kill_load_signals_only_the_generator_it_started(tmp_path: Path):
 
     assert drillops.kill_load(mine) is False  # this test process does not name the stop file
     assert drillops.kill_load(gone) is False
+
+
+def test_a_run_whose_id_an_earlier_database_used_gets_its_own_directory(db, tmp_path: Path):
+    """The testbed starts each time from an empty database, so run ids begin again at 1 while
+    the drills' directories stay: a new run must not meet an earlier run's load generator,
+    injection time or agent request ids (#44: a drill stopped after 6 s, "fault ... active")."""
+    from console.runs.models import WorkflowRun
+
+    with override_settings(VAR_DIR=tmp_path):
+        first = WorkflowRun.objects.create(
+            pk=7, kind="drill_link_cut", target_type="drill", target_id="1"
+        )
+        old_key = drillops.run_key(7)
+        (drillops.run_dir(old_key) / "loadgen.json").write_text("{}")
+        first.delete()
+        WorkflowRun.objects.create(pk=7, kind="drill_link_cut", target_type="drill", target_id="1")
+        new_key = drillops.run_key(7)
+
+    assert old_key.startswith("run-7-")
+    assert new_key.startswith("run-7-")
+    assert new_key != old_key
+    assert not (tmp_path / "drills" / new_key / "loadgen.json").exists()

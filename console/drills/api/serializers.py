@@ -50,6 +50,11 @@ class DrillSerializer(serializers.ModelSerializer):
 class DrillReportSerializer(serializers.ModelSerializer):
     drill_name = serializers.CharField(source="drill.name", read_only=True)
     run_state = serializers.CharField(source="run.state", read_only=True, default=None)
+    reason = serializers.CharField(
+        source="failure_reason",
+        read_only=True,
+        help_text="Why a failed drill failed, in one line (empty unless failed).",
+    )
 
     class Meta:
         model = DrillReport
@@ -65,6 +70,7 @@ class DrillReportSerializer(serializers.ModelSerializer):
             "trigger",
             *REPORT_FIGURES,
             "criteria_results",
+            "reason",
             "error",
             "created_at",
             "finished_at",
