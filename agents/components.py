@@ -8,6 +8,7 @@ See :class:`agents.launch.ChildAdapter` for the contract.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any, ClassVar
 
 from agents.config import AgentConfig
@@ -37,7 +38,7 @@ class KvLinkAdapter(ChildAdapter):
     """``pdbridge kv serve``: the KV receiver a peer site's senders push to.
 
     settings: ``host`` (bind address, default ``0.0.0.0``: peers dial it over the WAN),
-    ``port``, ``allow_peers`` (certificate names of the sending sites' nodes; default: any
+    ``port``, ``allow_peers`` (certificate common names of the sending sites' nodes; default: any
     certificate of the CA), ``memory_budget_mb``, ``max_chunk_mb``, ``ttl_s``. Health: the
     receiver's metrics endpoint, which it opens only once the gRPC server is up.
     """
@@ -134,4 +135,22 @@ class GatewayAdapter(ChildAdapter):
             argv += ["--tls-cert", tls.cert, "--tls-key", tls.key, "--ca-file", tls.ca]
             argv += ["--client-cert", tls.cert, "--client-key", tls.key]
         scheme = "http" if self.config.insecure else "https"
-        return LaunchPlan.served(argv, port, f"{scheme}://{health_host(host)}:{port}", env)
+        return LaunchPlan.served(
+            argv,
+            port,
+            f"{scheme}://{health_host(host)}:{port}",
+            env,
+            tls_server_name="" if self.config.insecure else _own_server_name(self.config),
+        )
+
+
+def _own_server_name(config: AgentConfig) -> str:
+    """The name this node's certificate answers to (a child serving it is checked against
+    it when the agent dials the child on loopback); empty when it cannot be read -- the
+    health check then names the problem as a failed TLS handshake. Reads a small file."""
+    from grpc_kv.tls import certificate_server_name
+
+    try:
+        return certificate_server_name(Path(config.tls.cert).read_bytes()) or ""
+    except (OSError, ValueError):
+        return ""

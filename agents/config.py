@@ -44,8 +44,8 @@ class TLSConfig:
     cert: str = _doc("PEM certificate of this agent's control API.", default="")
     key: str = _doc("PEM private key of ``tls.cert``.", default="")
     allowed_identities: list[str] = _doc(
-        "Controller identities (certificate CN or DNS SAN) allowed to call the control API; "
-        "empty refuses every caller.",
+        "Controller identities allowed to call the control API: certificate common names, "
+        "matched exactly (a SAN never matches); empty refuses every caller.",
         default_factory=list,
     )
 

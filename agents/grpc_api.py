@@ -2,8 +2,10 @@
 
 * mTLS through :class:`grpc_kv.tls.TLSConfig` (the same material and rules as the KV link;
   certificates reload without a restart): the server requires a client certificate signed by
-  ``tls.ca``; the interceptor then admits only identities (CN or DNS SAN) in
-  ``tls.allowed_identities``. ``--insecure`` (explicit) serves plaintext, no allowlist.
+  ``tls.ca``; the interceptor then admits only a caller whose identity -- its certificate's
+  one subject common name, matched exactly; a SAN never counts -- is in
+  ``tls.allowed_identities`` (:meth:`grpc_kv.tls.TLSConfig.check_peer`). ``--insecure``
+  (explicit) serves plaintext, no allowlist.
 * Deadlines: a call without one runs under ``default_deadline_s``.
 * Idempotency: mutating calls require a ``request_id``; each runs once and to its end even
   when its caller goes away (killed, deadline passed); a retry with the same id gets the first

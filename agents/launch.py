@@ -57,7 +57,10 @@ class ChildSpec:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """How to run one child process."""
+    """How to run one child process. ``tls_server_name``: for a child served over HTTPS with
+    this node's certificate, the name the agent expects in it when it calls ``health_url`` /
+    ``metrics_url`` -- the certificate's own name, since a node certificate lists the node's
+    names, not the loopback address the agent dials (empty: the URL's host)."""
 
     argv: list[str]
     port: int
@@ -65,9 +68,17 @@ class LaunchPlan:
     metrics_url: str = ""
     env: dict[str, str] = field(default_factory=dict)
     cwd: str | None = None
+    tls_server_name: str = ""
 
     @classmethod
-    def served(cls, argv: list[str], port: int, base: str, env: dict[str, str]) -> LaunchPlan:
+    def served(
+        cls,
+        argv: list[str],
+        port: int,
+        base: str,
+        env: dict[str, str],
+        tls_server_name: str = "",
+    ) -> LaunchPlan:
         """A child that answers ``/health`` and ``/metrics`` under ``base`` (scheme://host:port)."""
         return cls(
             argv=argv,
@@ -75,6 +86,7 @@ class LaunchPlan:
             health_url=f"{base}/health",
             metrics_url=f"{base}/metrics",
             env=env,
+            tls_server_name=tls_server_name,
         )
 
 

@@ -65,10 +65,12 @@ class AgentMetrics:
 def metrics_app(
     metrics: AgentMetrics,
     refresh: Callable[[], None],
-    child_url: Callable[[str], str | None],
+    child_url: Callable[[str], tuple[str, str] | None],
     http: aiohttp.ClientSession,
 ) -> web.Application:
-    """The aiohttp app of ``metrics_listen``; ``refresh`` updates gauges before a scrape."""
+    """The aiohttp app of ``metrics_listen``; ``refresh`` updates gauges before a scrape;
+    ``child_url``: a child's metrics URL and the TLS server name to expect there (empty: the
+    URL's host; :attr:`agents.launch.LaunchPlan.tls_server_name`), None without one."""
 
     async def own(request: web.Request) -> web.Response:
         refresh()
@@ -78,13 +80,16 @@ def metrics_app(
 
     async def relay(request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        url = child_url(name)
-        if url is None:
+        found = child_url(name)
+        if found is None:
             return web.json_response(
                 {"detail": f"no child {name!r} with a metrics endpoint"}, status=404
             )
+        url, server_name = found
         try:
-            async with http.get(url, timeout=aiohttp.ClientTimeout(total=5)) as upstream:
+            async with http.get(
+                url, timeout=aiohttp.ClientTimeout(total=5), server_hostname=server_name or None
+            ) as upstream:
                 body = await upstream.read()
                 return web.Response(
                     body=body,

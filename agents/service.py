@@ -448,9 +448,11 @@ class AgentService:
                 sum(1 for f in self.faults.active.values() if f.kind == kind)
             )
 
-    def _child_metrics_url(self, name: str) -> str | None:
+    def _child_metrics_url(self, name: str) -> tuple[str, str] | None:
         child = self.children.get(name)
-        return child.plan.metrics_url or None if child is not None else None
+        if child is None or not child.plan.metrics_url:
+            return None
+        return child.plan.metrics_url, child.plan.tls_server_name
 
     def child_metrics_urls(self) -> dict[str, str]:
         base = (

@@ -266,7 +266,9 @@ class Child:
     async def _check_health(self) -> bool:
         try:
             async with self.http.get(
-                self.plan.health_url, timeout=aiohttp.ClientTimeout(total=2)
+                self.plan.health_url,
+                timeout=aiohttp.ClientTimeout(total=2),
+                server_hostname=self.plan.tls_server_name or None,
             ) as resp:
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError, OSError):

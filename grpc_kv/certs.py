@@ -1,9 +1,17 @@
 """Certificate helper: a CA and per-node certificates for mTLS on the KV link and the
 agents' control API (``pdbridge kv certs``).
 
-Meant for tests and first deployments; production sites may bring their own PKI. Blocking
-(RSA/EC key generation takes milliseconds with EC P-256). Files are PEM; keys are written
-with mode 0600.
+A node's **identity** is its certificate's subject common name (CN): what KV receivers'
+``allowed_peers`` and agents' ``tls.allowed_identities`` match, exactly
+(:meth:`grpc_kv.tls.TLSConfig.check_peer`). Subject alternative names are only what TLS
+clients check the server's certificate against (the names and addresses peers dial). So a
+certificate issued here for a node carries that node's names and no one else's: no
+``localhost`` or ``127.0.0.1`` unless asked for (``loopback=True``, single-machine testbeds),
+since any name two certificates share would let a client that dials it accept either.
+
+Meant for tests and first deployments; production sites may bring their own PKI (the CN is
+then the identity too). Blocking (EC P-256 key generation takes milliseconds). Files are PEM;
+keys are written with mode 0600.
 """
 
 from __future__ import annotations
@@ -83,20 +91,32 @@ def create_ca(directory: Path, name: str = "pdbridge-ca", days: int = 825) -> Ce
     return CertFiles(ca_file=ca_file, cert_file=ca_file, key_file=key_file)
 
 
+#: The names ``loopback=True`` adds: what a process dials to reach another on the same host.
+LOOPBACK_NAMES = ("localhost", "127.0.0.1")
+
+
 def create_node_cert(
     ca: CertFiles,
     directory: Path,
     name: str,
     sans: list[str] | None = None,
     days: int = 397,
+    *,
+    loopback: bool = False,
 ) -> CertFiles:
-    """Issue ``<name>.pem`` / ``<name>-key.pem`` signed by ``ca`` for a node.
+    """Issue ``<name>.pem`` / ``<name>-key.pem`` signed by ``ca`` for node ``name``.
 
-    The common name is ``name``; subject alternative names are ``name``, ``localhost``,
-    ``127.0.0.1`` and every entry of ``sans`` (IP addresses are recognised). The certificate
-    is valid for both server and client authentication, so one file pair serves a node's
-    receiver and its sender. Raises ValueError on an unreadable CA.
+    The common name -- the node's identity, the one name allowlists match -- is ``name``;
+    the subject alternative names are ``name`` and every entry of ``sans`` (this node's other
+    DNS names and addresses; IP addresses are recognised), nothing else. ``loopback=True``
+    adds ``localhost`` and ``127.0.0.1``: only for a testbed whose processes all run on one
+    machine and dial each other on loopback, never for a certificate that leaves it (every
+    such certificate would answer to the same names). The certificate is valid for both
+    server and client authentication, so one file pair serves a node's receiver and its
+    sender. Raises ValueError on an unreadable CA or an empty ``name``.
     """
+    if not name or name != name.strip():
+        raise ValueError(f"name: a node name without surrounding spaces, got {name!r}")
     directory.mkdir(parents=True, exist_ok=True)
     ca_cert = x509.load_pem_x509_certificate(ca.cert_file.read_bytes())
     ca_key = serialization.load_pem_private_key(ca.key_file.read_bytes(), password=None)
@@ -104,7 +124,8 @@ def create_node_cert(
         raise ValueError(f"{ca.key_file}: expected an EC private key")
     key = ec.generate_private_key(ec.SECP256R1())
     names: list[x509.GeneralName] = []
-    for entry in dict.fromkeys([name, "localhost", "127.0.0.1", *(sans or [])]):
+    extra = LOOPBACK_NAMES if loopback else ()
+    for entry in dict.fromkeys([name, *(sans or []), *extra]):
         try:
             names.append(x509.IPAddress(ipaddress.ip_address(entry)))
         except ValueError:

@@ -31,7 +31,8 @@ def _tls_args(parser: argparse.ArgumentParser) -> None:
         "--allow-peer",
         action="append",
         default=None,
-        help="accept only peers whose certificate names this (repeatable)",
+        help="accept only peers whose certificate's common name is exactly this (repeatable;"
+        " subject alternative names never match)",
     )
     group.add_argument("--server-name", help="name expected in the server's certificate")
     group.add_argument(
@@ -145,13 +146,19 @@ def _certs(args: argparse.Namespace) -> int:
     from grpc_kv.certs import CertFiles, create_ca, create_node_cert
 
     out: Path = args.out
+    if args.san and len(args.node) > 1:
+        # Extra names belong to one node: given to several, any of them would answer to all.
+        raise ValueError(
+            "--san: names the extra DNS names/IPs of one node; issue one --node per run "
+            f"when it has --san (got {len(args.node)} nodes)"
+        )
     if (out / "ca.pem").exists() and (out / "ca-key.pem").exists():
         ca = CertFiles(out / "ca.pem", out / "ca.pem", out / "ca-key.pem")
     else:
         ca = create_ca(out, args.ca_name)
         print(f"created CA {ca.ca_file}")
     for node in args.node:
-        files = create_node_cert(ca, out, node, sans=args.san)
+        files = create_node_cert(ca, out, node, sans=args.san, loopback=args.loopback)
         print(f"issued {files.cert_file} and {files.key_file}")
     return 0
 
@@ -256,8 +263,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     certs = sub.add_parser("certs", help="create a CA (if missing) and node certificates")
     certs.add_argument("--out", type=Path, required=True)
-    certs.add_argument("--node", action="append", default=[], help="node name (repeatable)")
-    certs.add_argument("--san", action="append", default=[], help="extra DNS name or IP")
+    certs.add_argument(
+        "--node",
+        action="append",
+        default=[],
+        help="node name: the certificate's common name, its identity (repeatable)",
+    )
+    certs.add_argument(
+        "--san",
+        action="append",
+        default=[],
+        help="another DNS name or IP of the node (repeatable; with one --node only)",
+    )
+    certs.add_argument(
+        "--loopback",
+        action="store_true",
+        help="also name localhost and 127.0.0.1 (single-machine development only)",
+    )
     certs.add_argument("--ca-name", default="pdbridge-ca")
 
     proxy = sub.add_parser("proxy", help="a TCP fault proxy (latency, bandwidth, flips)")

@@ -1,6 +1,13 @@
 """mTLS for the KV link and the agents' control API: one config object, credentials that
 reload certificates without a restart, and a peer allowlist.
 
+A peer's **identity** is the subject common name (CN) of its certificate, exactly one per
+certificate; an allowlist (``allowed_peers``) admits a peer when that CN is one of its
+entries, and nothing else on the certificate counts: subject alternative names say where a
+server may be dialled (TLS clients check them), not who a client is, and two certificates
+may share them (``localhost``, a service name). A certificate with no CN, or more than one,
+is refused by an allowlist (:meth:`TLSConfig.check_peer`).
+
 Who calls it: :class:`grpc_kv.receiver.ReceiverServer`, the sender, and the agent's control
 API (``tls.add_port(server, bind)``, ``tls.channel(target)``, ``tls.authorize(context)``).
 Non-blocking except for reading PEM files. Misconfiguration raises ValueError naming the
@@ -24,7 +31,8 @@ log = logging.getLogger("grpc_kv.tls")
 
 
 class PeerRejected(Exception):
-    """The peer's certificate names none of the allowed peers."""
+    """The peer's identity (its certificate's common name) is not one of the allowed peers,
+    or its certificate has no single common name to check."""
 
 
 @dataclass(frozen=True)
@@ -32,8 +40,9 @@ class TLSConfig:
     """Transport security of a link endpoint.
 
     ``ca_file`` verifies the peer, ``cert_file``/``key_file`` identify this node (PEM, as made
-    by ``pdbridge kv certs``). ``allowed_peers``: certificate common names or subject
-    alternative names accepted from clients (None = any certificate signed by the CA).
+    by ``pdbridge kv certs``). ``allowed_peers``: the identities accepted from clients --
+    certificate common names, matched exactly; a subject alternative name never matches (None
+    = any certificate signed by the CA).
     ``server_name``: the name a client expects in the server's certificate when it differs
     from the host it dials (e.g. dialing 127.0.0.1 of a cert issued to ``site-a``).
     ``insecure=True`` switches TLS off entirely; only for localhost development (the CLIs
@@ -167,38 +176,71 @@ class TLSConfig:
         return server.add_secure_port(bind, self.server_credentials())
 
     def authorize(self, context: grpc.aio.ServicerContext[Any, Any]) -> str:
-        """The peer's identity (first name of its certificate, or ``insecure``) or
-        PeerRejected when an allowlist is set and the certificate names none of its entries."""
+        """The peer's identity (its certificate's common name, or ``insecure``) or
+        PeerRejected when an allowlist is set and does not hold it (:meth:`check_peer`)."""
         if self.insecure:
             return "insecure"
         auth = context.auth_context()
-        names = [
-            value.decode(errors="replace")
-            for key in ("x509_common_name", "x509_subject_alternative_name")
-            for value in auth.get(key, [])
-        ]
-        subject = b",".join(auth.get("x509_subject", [])).decode(errors="replace")
-        return self.check_names(names, subject=subject or None)
+
+        def values(key: str) -> list[str]:
+            # gRPC lists an empty common name for a certificate without one.
+            return [value.decode(errors="replace") for value in auth.get(key, []) if value]
+
+        subject = ",".join(values("x509_subject"))
+        # gRPC lists one common name (the first); only the subject shows whether there are
+        # more, and a certificate with several has no single identity.
+        common_names = values("x509_common_name")
+        in_subject = subject_common_names(subject)
+        if len(in_subject) > 1:
+            common_names = in_subject
+        names = [*common_names, *values("x509_subject_alternative_name")]
+        return self.check_peer(common_names, names, subject=subject or None)
 
     def check_peercert(self, cert: dict[str, Any] | None) -> str:
-        """:meth:`check_names` for a peer certificate as ``SSLObject.getpeercert()`` returns
+        """:meth:`check_peer` for a peer certificate as ``SSLObject.getpeercert()`` returns
         it (the bulk data path), with its subject in the refusal."""
-        return self.check_names(peercert_names(cert), subject=peercert_subject(cert))
+        return self.check_peer(
+            peercert_common_names(cert), peercert_names(cert), subject=peercert_subject(cert)
+        )
 
-    def check_names(self, names: Sequence[str], subject: str | None = None) -> str:
-        """The peer's identity (the first of its certificate's names) or PeerRejected when
-        it has none or an allowlist is set and names none of them. Shared by gRPC and the
-        bulk data path, so both admit exactly the same peers. The refusal's message names
-        the certificate's ``subject`` (``CN=...``) and every name it carries, so the
-        receiver's ``peer_rejected`` log line says exactly who was turned away."""
-        if not names:
+    def check_peer(
+        self, common_names: Sequence[str], names: Sequence[str], subject: str | None = None
+    ) -> str:
+        """The peer's identity -- the common name of its certificate -- or PeerRejected when
+        it presented no certificate, or an allowlist is set and the certificate has no common
+        name, several, or one not on the allowlist. ``names`` (the common name and every
+        subject alternative name) only describe the certificate in the refusal: a name the
+        allowlist holds as a SAN does not admit a certificate whose common name it is not.
+        Shared by gRPC and the bulk data path, so both admit exactly the same peers. The
+        refusal's message names the certificate's ``subject`` (``CN=...``) and every name it
+        carries, so the receiver's ``peer_rejected`` log line says exactly who was turned
+        away. Without an allowlist the identity is only recorded: the common name, else the
+        first name."""
+        common_names = [n for n in common_names if n]
+        names = [n for n in names if n]
+        if not common_names and not names:
             raise PeerRejected("no client certificate")
-        if self.allowed_peers is not None and not set(names) & set(self.allowed_peers):
+        listed = ", ".join(dict.fromkeys(names)) or "none"
+        described = f"certificate {subject or 'subject unknown'}; names {listed}"
+        if self.allowed_peers is None:
+            return common_names[0] if len(common_names) == 1 else [*common_names, *names][0]
+        if not common_names:
             raise PeerRejected(
-                f"peer {names[0]!r} is not on the allowlist (certificate "
-                f"{subject or 'subject unknown'}; names {', '.join(dict.fromkeys(names))})"
+                f"peer certificate has no common name, the identity an allowlist matches "
+                f"({described})"
             )
-        return names[0]
+        if len(common_names) > 1:
+            raise PeerRejected(
+                f"peer certificate has {len(common_names)} common names, an identity is exactly "
+                f"one ({described})"
+            )
+        identity = common_names[0]
+        if identity not in self.allowed_peers:
+            raise PeerRejected(
+                f"peer {identity!r} is not on the allowlist ({described}; only the common "
+                f"name is matched)"
+            )
+        return identity
 
     # -- the bulk data path (Python's ssl, not grpc's) -----------------------------------
     def ssl_context(self, server_side: bool) -> ssl.SSLContext:
@@ -282,9 +324,97 @@ def peercert_names(cert: dict[str, Any] | None) -> list[str]:
     ``SSLObject.getpeercert()`` (the same names gRPC's auth context lists)."""
     if not cert:
         return []
-    names = [value for rdn in cert.get("subject", ()) for key, value in rdn if key == "commonName"]
+    names = peercert_common_names(cert)
     names += [value for _kind, value in cert.get("subjectAltName", ())]
     return names
+
+
+def peercert_common_names(cert: dict[str, Any] | None) -> list[str]:
+    """Every common name in the subject of a peer certificate from ``getpeercert()`` (one
+    for a certificate with an identity)."""
+    if not cert:
+        return []
+    return [value for rdn in cert.get("subject", ()) for key, value in rdn if key == "commonName"]
+
+
+def subject_common_names(subject: str) -> list[str]:
+    """Every ``CN`` value of a subject written as RFC 4514 / 2253 (gRPC's ``x509_subject``:
+    ``CN=node-a,O=site``), escapes undone. Attributes are split at unescaped ``,`` and ``+``."""
+    out: list[str] = []
+    parts: list[str] = []
+    current: list[str] = []
+    i = 0
+    while i < len(subject):
+        char = subject[i]
+        if char == "\\" and i + 1 < len(subject):
+            current.append(subject[i : i + 2])
+            i += 2
+            continue
+        if char in ",+":
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+        i += 1
+    parts.append("".join(current))
+    for part in parts:
+        key, sep, value = part.partition("=")
+        if sep and key.strip().upper() in {"CN", "COMMONNAME", "2.5.4.3"}:
+            out.append(_unescape_rdn_value(value))
+    return out
+
+
+def _unescape_rdn_value(value: str) -> str:
+    """An RFC 4514 attribute value with ``\\,`` style and ``\\XX`` hex escapes undone."""
+    raw = bytearray()
+    i = 0
+    while i < len(value):
+        char = value[i]
+        if char == "\\" and i + 1 < len(value):
+            pair = value[i + 1 : i + 3]
+            if len(pair) == 2 and all(c in "0123456789abcdefABCDEF" for c in pair):
+                raw.append(int(pair, 16))
+                i += 3
+                continue
+            raw += value[i + 1].encode()
+            i += 2
+            continue
+        raw += char.encode()
+        i += 1
+    return raw.decode(errors="replace")
+
+
+def certificate_identity(cert: bytes) -> str | None:
+    """The identity of a PEM certificate (its one subject common name), None when it has
+    none or several (an allowlist would refuse it). ValueError when it does not parse."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    parsed = x509.load_pem_x509_certificate(cert)
+    names = parsed.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(names[0].value) if len(names) == 1 else None
+
+
+def certificate_server_name(cert: bytes) -> str | None:
+    """A name a TLS client can expect when it dials the holder of a PEM certificate by an
+    address the certificate does not list (its own loopback): the identity when the
+    certificate's subject alternative names carry it (certificates of ``pdbridge kv certs``
+    always do), else its first DNS name, else its first IP address; None without any.
+    ValueError when it does not parse."""
+    from cryptography import x509
+
+    parsed = x509.load_pem_x509_certificate(cert)
+    try:
+        sans = parsed.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return None
+    dns = [str(n) for n in sans.get_values_for_type(x509.DNSName)]
+    ips = [str(n) for n in sans.get_values_for_type(x509.IPAddress)]
+    identity = certificate_identity(cert)
+    if identity is not None and identity in (*dns, *ips):
+        return identity
+    first = [*dns, *ips]
+    return first[0] if first else None
 
 
 def pair_matches(cert: bytes, key: bytes) -> bool:

@@ -103,7 +103,12 @@ def fresh_state(var_dir: Path) -> None:
 
 def make_pki(directory: Path) -> dict[str, Path]:
     """CA, a node certificate (``localhost``: console, agents, engines, gateway) and the
-    controller's client certificate (``orchestrator``) under ``directory``; reused when present."""
+    controller's client certificate (``orchestrator``) under ``directory``; reused when present.
+    Every process of the testbed shares the node certificate and dials the others on loopback,
+    so it asks for the loopback names explicitly (``loopback=True``; a node certificate of
+    ``pdbridge kv certs`` carries only its node's names). Its identity -- the common name the
+    allowlists match -- is ``localhost``, the hostname of every testbed node; the controller's
+    is ``orchestrator``, a client only, so it carries no loopback name."""
     from grpc_kv.api import create_ca, create_node_cert
     from grpc_kv.certs import CertFiles
 
@@ -118,7 +123,7 @@ def make_pki(directory: Path) -> dict[str, Path]:
     if all(p.exists() for p in paths.values()):
         return paths
     ca: CertFiles = create_ca(ca_dir)
-    create_node_cert(ca, nodes, "localhost")
+    create_node_cert(ca, nodes, "localhost", loopback=True)
     create_node_cert(ca, nodes, "orchestrator")
     return paths
 
@@ -126,12 +131,17 @@ def make_pki(directory: Path) -> dict[str, Path]:
 def site_cert(pki: dict[str, Path], addresses: list[str]) -> dict[str, Path]:
     """With ``--netns``: a node certificate (``sites``) whose SANs add this run's addresses
     (servers are dialled by IP: the console by the agents, the agents and kv-link by the
-    worker, the KV receiver by the prefill engine); issued per run, the addresses change."""
+    worker, the KV receiver by the prefill engine) and the loopback names (each namespace's
+    processes also dial each other on their own loopback); issued per run, the addresses
+    change. Every site shares it, so its identity ``sites`` is not any one node's hostname
+    (their addresses): the deployment allows it explicitly (``testbed_rows.register``)."""
     from grpc_kv.api import create_node_cert
     from grpc_kv.certs import CertFiles
 
     ca = CertFiles(pki["ca"], pki["ca"], pki["ca"].parent / "ca-key.pem")
-    cert = create_node_cert(ca, pki["node_cert"].parent, "sites", sans=addresses, days=7)
+    cert = create_node_cert(
+        ca, pki["node_cert"].parent, "sites", sans=addresses, days=7, loopback=True
+    )
     return {**pki, "node_cert": cert.cert_file, "node_key": cert.key_file}
 
 

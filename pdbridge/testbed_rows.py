@@ -141,6 +141,7 @@ def register(
     from console.deployments.services import deployment_create, pool_create
     from console.inventory.services import link_create, node_create, node_token_issue, site_create
     from console.rollouts.services import rollout_plan_create
+    from grpc_kv.tls import certificate_identity
 
     local = site_create(actor=None, name="local", role="decode", region="testbed-local")
     remotes = {
@@ -161,6 +162,12 @@ def register(
                         engine_settings={"max_model_len": model.max_model_len,
                                          "chars_per_token": model.chars_per_token})  # fmt: skip
     several = len(layout.remotes) > 1
+    # The KV receivers allow the prefill nodes by hostname, matched against the common name
+    # of the certificate a sender presents. Every testbed node shares one certificate: on
+    # loopback its name is their hostname (``localhost``); in namespaces the hostnames are
+    # the sites' addresses and the shared certificate is ``sites``, allowed by name here.
+    shared = certificate_identity(pki["node_cert"].read_bytes())
+    extra_peers = [shared] if shared and shared not in layout.hosts.values() else []
     dep = deployment_create(
         actor=None,
         name=DEPLOYMENT,
@@ -171,6 +178,7 @@ def register(
         # The engines' sends now use the deployment's chunk size: grpc_kv's measured 4 MiB,
         # not the 32 MiB default that ran ~5x slower through grpcio (docs/kv-link.md).
         chunk_size_mb=4,
+        extra_allowed_peers=extra_peers,
         # With several remote sites, the site that takes over a cut one's traffic shares this
         # machine's few cores with everything else: its prefill p99 passed the 2.5 s default
         # on two cores (--netns, all load on one site), tripped its breaker on latency and

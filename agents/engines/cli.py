@@ -100,7 +100,8 @@ def _serve_parser() -> argparse.ArgumentParser:
         "--kv-allowed-peer",
         action="append",
         default=None,
-        help="certificate name accepted on the KV link (repeatable)",
+        help="certificate common name (identity) accepted on the KV link (repeatable; a SAN never"
+        " matches)",
     )
     p.add_argument(
         "--kv-insecure", action="store_true", help="plaintext KV link (localhost development only)"

@@ -19,10 +19,11 @@ PEER_NAME_MAX = 253
 
 
 def validate_peer_names(value: object) -> None:
-    """A list of certificate names (CN or SAN): non-empty strings without leading or trailing
-    whitespace (a pasted name that could never match), at most 253 characters, no duplicates."""
+    """A list of certificate common names (the identity KV receivers match; a SAN never
+    matches): non-empty strings without leading or trailing whitespace (a pasted name that
+    could never match), at most 253 characters, no duplicates."""
     if not isinstance(value, list):
-        raise ValidationError("Must be a list of certificate names (CN or SAN).")
+        raise ValidationError("Must be a list of certificate names (common names, not SANs).")
     for index, name in enumerate(value):
         if not isinstance(name, str) or not name.strip():
             raise ValidationError(f"Item {index}: must be a non-empty string, got {name!r}.")

@@ -175,19 +175,22 @@ def _wan(pools: list[Pool]) -> Item:
 def _kv_identity_problem(
     pool: Pool, node: Node, tls: dict[str, Any], extra_peers: list[str]
 ) -> str | None:
-    """A prefill node whose certificate names neither its hostname nor an extra allowed peer
-    would be refused by the deployment's KV receivers (they allow prefill nodes by hostname).
-    Judged on the names the agent reports (subject CN and SANs); nothing reported, no verdict."""
+    """A prefill node whose certificate's identity -- its common name, the one name KV
+    receivers match -- is neither its hostname nor an extra allowed peer would be refused by
+    the deployment's KV receivers (they allow prefill nodes by hostname), whatever its SANs
+    say. Judged on the common name the agent reports (``subject``); nothing reported, no
+    verdict."""
     if pool.role != PoolRole.PREFILL:
         return None
-    names = [str(tls.get("subject") or ""), *(str(n) for n in tls.get("sans") or [])]
-    names = [n for n in names if n]
-    if not names or node.hostname in names or set(names) & set(extra_peers):
+    identity = str(tls.get("subject") or "")
+    if not identity or identity == node.hostname or identity in extra_peers:
         return None
+    names = [identity, *(str(n) for n in tls.get("sans") or [])]
     return (
-        f"the certificate of {_label(pool, node)} names {', '.join(dict.fromkeys(names))}, not "
-        f"its hostname {node.hostname}: the KV receivers would refuse it (reissue it for "
-        "the hostname, or add its name to extra_allowed_peers)"
+        f"the certificate of {_label(pool, node)} has the common name {identity} (names "
+        f"{', '.join(dict.fromkeys(n for n in names if n))}), not its hostname "
+        f"{node.hostname}: the KV receivers match the common name only and would refuse it "
+        "(reissue it for the hostname, or add its common name to extra_allowed_peers)"
     )
 
 

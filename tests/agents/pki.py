@@ -25,9 +25,11 @@ def make_pki(directory: Path) -> Pki:
     """CA + ``dec-1`` (agent) + ``orchestrator`` (allowlisted) + ``intruder`` (same CA, not
     allowlisted) + ``pre-1`` (a peer's kv-link receiver) + ``stranger`` (another CA)."""
     ca = create_ca(directory / "ca")
-    agent = create_node_cert(ca, directory / "nodes", "dec-1")
+    # The agent and pre-1 serve on loopback and are dialled there (the agent's kv-link and a
+    # peer receiver, probed at 127.0.0.1): they need the loopback names. Clients do not.
+    agent = create_node_cert(ca, directory / "nodes", "dec-1", loopback=True)
     clients = {
-        name: create_node_cert(ca, directory / "nodes", name)
+        name: create_node_cert(ca, directory / "nodes", name, loopback=name == "pre-1")
         for name in ("orchestrator", "intruder", "pre-1")
     }
     other = create_ca(directory / "other-ca", name="other-ca")

@@ -203,7 +203,7 @@ def test_agents_report_weights_and_tls_that_readiness_and_the_security_page_use(
         1,
         "",
     )
-    assert tls["sans"] == ["dec-1", "localhost", "127.0.0.1"]
+    assert tls["sans"] == ["dec-1"]  # its own name only: no loopback names
     assert (
         tls["ca_fingerprint"]
         == hashlib.sha256(

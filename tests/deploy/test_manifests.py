@@ -186,7 +186,7 @@ def test_agent_config_in_the_manifest_loads_with_the_agents_own_loader(site, tmp
     path.write_text(config_map["data"]["agent.yaml"])
     # Real PEM material: the loader checks that the CA parses and the key matches the cert.
     ca = create_ca(tmp_path / "ca")
-    node = create_node_cert(ca, tmp_path / "nodes", "gpu-node-1")
+    node = create_node_cert(ca, tmp_path / "nodes", "gpu-node-1", loopback=True)
     environ = {
         "PDBRIDGE_AGENT__NODE__NAME": "gpu-node-1",
         "PDBRIDGE_AGENT__TLS__CA": str(ca.ca_file),

@@ -99,7 +99,10 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     require_netns()
     tmp = tmp_path_factory.mktemp("tidal")
     ca = create_ca(tmp / "ca")
-    certs = {n: create_node_cert(ca, tmp / "nodes", n) for n in ("pre-1", "pre-2", "orchestrator")}
+    certs = {
+        n: create_node_cert(ca, tmp / "nodes", n, loopback=True)
+        for n in ("pre-1", "pre-2", "orchestrator")
+    }
     suffix = uuid.uuid4().hex[:6]
     ns, veth_host, veth_ns = f"pdbt-{suffix}", f"pth{suffix}", f"ptn{suffix}"
     octet = int(suffix[:2], 16) % 250 + 1

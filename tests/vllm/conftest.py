@@ -373,8 +373,10 @@ def start_pair(
     kv_host = placement["consumer"][0]
     certs: dict[str, Any] = {
         "ca": ca,
-        "producer": create_node_cert(ca, tmp / "nodes", "vllm-producer"),
-        "consumer": create_node_cert(ca, tmp / "nodes", "vllm-consumer", sans=[kv_host]),
+        "producer": create_node_cert(ca, tmp / "nodes", "vllm-producer", loopback=True),
+        "consumer": create_node_cert(
+            ca, tmp / "nodes", "vllm-consumer", sans=[kv_host], loopback=True
+        ),
     }
     sizes = dict(zip(("producer", "consumer"), tensor_parallel, strict=True))
     kv_port = free_ports(sizes["consumer"])

@@ -113,7 +113,7 @@ def kv_certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     ca = create_ca(root / "ca")
     out = {}
     for name in ("prefill-a", "decode-b"):
-        node = create_node_cert(ca, root / name, name)
+        node = create_node_cert(ca, root / name, name, loopback=True)
         out[name] = [
             "--kv-tls-ca",
             str(node.ca_file),

@@ -19,7 +19,7 @@ def tls_engine(models_dir, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("http-certs")
     ca = create_ca(root / "ca")
-    server = create_node_cert(ca, root / "engine", "engine")
+    server = create_node_cert(ca, root / "engine", "engine", loopback=True)
     client = create_node_cert(ca, root / "gateway", "gateway")
     engine = start_engine(
         [
@@ -72,7 +72,7 @@ def rotating_engine(engine_pair, models_dir, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("kv-rotation")
     ca = create_ca(root / "ca")
-    live = create_node_cert(ca, root / "live", "decode-r")
+    live = create_node_cert(ca, root / "live", "decode-r", loopback=True)
     client = create_node_cert(ca, root / "client", "prefill-r")
     engine = start_engine(
         [
@@ -137,7 +137,7 @@ def test_kv_listener_rotation_mid_transfer_keeps_it_and_serves_the_new_certifica
             assert time.monotonic() < deadline, "the transfer never started"
             time.sleep(0.01)
 
-        new = create_node_cert(ca, root / "new", "decode-r")
+        new = create_node_cert(ca, root / "new", "decode-r", loopback=True)
         os.replace(new.cert_file, live.cert_file)
         os.replace(new.key_file, live.key_file)
         rotated = serial_of(live.cert_file)

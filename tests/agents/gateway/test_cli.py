@@ -126,8 +126,8 @@ def test_tls_everywhere_without_insecure(tmp_path):
     from tests.agents.gateway.engine_double import EngineDouble, KvStore
 
     ca = create_ca(tmp_path / "ca")
-    server = create_node_cert(ca, tmp_path / "certs", "services")
-    gateway_cert = create_node_cert(ca, tmp_path / "certs", "gateway")
+    server = create_node_cert(ca, tmp_path / "certs", "services", loopback=True)
+    gateway_cert = create_node_cert(ca, tmp_path / "certs", "gateway", loopback=True)
 
     def mtls_server() -> ssl.SSLContext:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(ca.ca_file))

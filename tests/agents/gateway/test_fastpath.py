@@ -224,7 +224,7 @@ def test_fast_path_and_hand_over_over_tls(tmp_path):
     from tests.agents.gateway.snapshots import snapshot
 
     ca = create_ca(tmp_path / "ca")
-    cert = create_node_cert(ca, tmp_path / "certs", "gateway")
+    cert = create_node_cert(ca, tmp_path / "certs", "gateway", loopback=True)
     server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_tls.load_cert_chain(cert.cert_file, cert.key_file)
     client_tls = ssl.create_default_context(cafile=str(ca.ca_file))

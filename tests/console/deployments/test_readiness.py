@@ -201,13 +201,28 @@ def test_certificates_fail_when_a_prefill_node_certificate_does_not_carry_its_ho
 
     assert item.state == "fail"
     assert item.detail == (
-        "the certificate of pre-1@remote names gpu-7, 10.1.0.5, not its hostname pre-1: the KV "
-        "receivers would refuse it (reissue it for the hostname, or add its name to "
-        "extra_allowed_peers)"
+        "the certificate of pre-1@remote has the common name gpu-7 (names gpu-7, 10.1.0.5), not "
+        "its hostname pre-1: the KV receivers match the common name only and would refuse it "
+        "(reissue it for the hostname, or add its common name to extra_allowed_peers)"
     )
     deployment_update(actor=None, deployment=world.deployment, extra_allowed_peers=["gpu-7"])
     world.deployment.refresh_from_db()
     assert _item(world, "certificates").state == "pass"
+
+
+def test_certificates_fail_when_the_hostname_is_only_a_san_of_a_prefill_node_certificate(world):
+    """The KV receivers match a certificate's common name only: a certificate issued for
+    another node (gpu-7) that also carries pre-1 as a SAN is not pre-1's."""
+    _beat(world, world.decode_node, "decode", tls=_tls(90, subject="dec-1", sans=["dec-1"]))
+    _beat(world, world.prefill_node, "prefill", tls=_tls(90, subject="gpu-7", sans=["pre-1"]))
+
+    item = _item(world, "certificates")
+
+    assert item.state == "fail"
+    assert "has the common name gpu-7 (names gpu-7, pre-1), not its hostname pre-1" in item.detail
+    deployment_update(actor=None, deployment=world.deployment, extra_allowed_peers=["pre-1"])
+    world.deployment.refresh_from_db()
+    assert _item(world, "certificates").state == "fail"  # a SAN on the list still is not it
 
 
 def test_certificates_unknown_until_every_agent_reported(world):

@@ -124,6 +124,10 @@ def _rows(world: World) -> None:
         remote_prefill_threshold_tokens=64,
         chunked_prefill_tokens=64,
         timeout_ms=8000,
+        # Both sites share one node certificate, whose identity (its common name) is
+        # ``localhost``, not the prefill node's hostname (its address): allowed by name, as
+        # the testbed's --netns does (KV receivers match the common name only).
+        extra_allowed_peers=[topo.NODE_IDENTITY],
     )
     p, pki = world.ports, world.pki
     common = {
@@ -368,15 +372,19 @@ def test_deploy_from_nothing_to_full_share_with_evidence_and_a_worker_killed_mid
     assert Link.objects.get().measured_mbit_s == wan["probes"][0]["mbit_s"]
     assert steps["kv_link"].evidence["loopback"]["ok"] is True
     assert steps["kv_link"].evidence["loopback"]["checksum_failures"] == 0
-    # Every KV receiver admits the prefill node (by its hostname); the kv-link the
-    # orchestrator as well (step 5's loopback).
+    # Every KV receiver admits the prefill node (by its hostname) and the sites' shared
+    # certificate (extra_allowed_peers); the kv-link the orchestrator as well (step 5's
+    # loopback).
     prefill_node = world.sites.site("remote").address
     assert steps["kv_link"].evidence["kv_link"]["allowlist"] == {
         "applies": True,
-        "peers": sorted(["orchestrator", prefill_node]),
+        "peers": sorted(["orchestrator", topo.NODE_IDENTITY, prefill_node]),
     }
     [decode_engine] = steps["local_decode"].evidence["engines"]
-    assert decode_engine["allowlist"] == {"applies": True, "peers": [prefill_node]}
+    assert decode_engine["allowlist"] == {
+        "applies": True,
+        "peers": sorted([topo.NODE_IDENTITY, prefill_node]),
+    }
     gateway = steps["gateway"].evidence["gateways"][0]
     assert gateway["remote_share"] == 0.0
     verify = steps["verification"].evidence

@@ -76,11 +76,18 @@ def sites_up() -> Iterator[netns.NamespaceSites]:
         yield sites
 
 
+#: The identity (common name) of the node certificate both sites share.
+NODE_IDENTITY = "localhost"
+
+
 def make_pki(directory: Path, addresses: Sequence[str] = ()) -> Pki:
     """CA, the node certificate ``localhost`` (SANs add ``addresses``: every server is dialled
-    by its site's IP) and the controller's ``orchestrator``."""
+    by its site's IP; and the loopback names, asked for as the testbed does) and the
+    controller's ``orchestrator``."""
     ca = create_ca(directory / "ca")
-    node = create_node_cert(ca, directory / "nodes", "localhost", sans=list(addresses))
+    node = create_node_cert(
+        ca, directory / "nodes", NODE_IDENTITY, sans=list(addresses), loopback=True
+    )
     controller = create_node_cert(ca, directory / "nodes", "orchestrator")
     return Pki(ca.ca_file, node.cert_file, node.key_file, controller.cert_file, controller.key_file)
 
