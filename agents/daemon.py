@@ -71,6 +71,7 @@ async def serve(config_path: str | None) -> int:
         return 1
     try:
         server, port = await start_server(service)
+        service.listening(port)  # heartbeats begin, saying where the control API listens
     except (RuntimeError, OSError) as exc:
         await service.shutdown()
         print(

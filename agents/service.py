@@ -116,6 +116,10 @@ class AgentService:
         # seconds on a GPU node; a cut link must not wait for it).
         self.accelerators: list[dict[str, Any]] = list(config.capacity.accelerators)
         self.metrics_port = 0
+        #: The control API's bound port once it listens (reported in heartbeats: an agent
+        #: restarted on another port is found there); heartbeats begin then (:meth:`listening`).
+        self.control_port: int | None = None
+        self._listening = asyncio.Event()
         self.weights = WeightsHasher()
         self.tls = TlsReporter(config)
         # One lock per child name: launches of different children run side by side (a vLLM
@@ -177,9 +181,7 @@ class AgentService:
             self.accelerators = await asyncio.to_thread(detect_accelerators)
         if self.console.enabled:
             self._heartbeat = asyncio.create_task(
-                self.console.heartbeat_loop(
-                    self.heartbeat_body, self.metrics.heartbeat_failures.inc
-                ),
+                self._beat_once_listening(),
                 name="heartbeat",
             )
         if self.config.metrics_listen:
@@ -406,6 +408,17 @@ class AgentService:
                 out[name] = model
         return out
 
+    def listening(self, port: int) -> None:
+        """The control API listens on ``port``: heartbeats may begin (the console acts on
+        them -- the reconcile loop launches what a heartbeat shows missing -- so the first
+        one must say where this agent is reached)."""
+        self.control_port = port
+        self._listening.set()
+
+    async def _beat_once_listening(self) -> None:
+        await self._listening.wait()
+        await self.console.heartbeat_loop(self.heartbeat_body, self.metrics.heartbeat_failures.inc)
+
     def heartbeat_body(self) -> dict[str, Any]:
         """The heartbeat JSON of the console contract (``POST /api/heartbeats/``)."""
         versions: dict[str, int] = {}
@@ -426,6 +439,8 @@ class AgentService:
                 for f in self.faults.active.values()
             ],
             "config_versions": versions,
+            "agent_listen_host": self.config.listen.rpartition(":")[0].strip("[]"),
+            "agent_port": self.control_port,
             "tls": self.tls.report(),
             "weights": self.weights.report(self.config.models, self._engine_models()),
         }

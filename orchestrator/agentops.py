@@ -432,7 +432,10 @@ def gateway_url(target: Target) -> str:
 
 
 def child_name(deployment_id: int, part: str) -> str:
-    return f"dep{deployment_id}-{part}"
+    """A deployment's child's name on its agent (``console.deployments.config.child_name``)."""
+    from console.deployments.config import child_name as name
+
+    return name(deployment_id, part)
 
 
 def request_id(ctx: StepContext, target: Target, name: str, body: Any) -> str:

@@ -35,6 +35,9 @@ BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "resume-stalled-runs": {"task": "orchestrator.runs.resume_stalled", "schedule": 15.0},
     # Liveness is judged from heartbeat ages, so the period only bounds detection latency.
     "mark-missing-nodes": {"task": "orchestrator.inventory.mark_missing", "schedule": 10.0},
+    # Desired children against heartbeats: an agent back after a restart gets its engines
+    # again within a period plus a heartbeat (orchestrator.reconcile).
+    "reconcile-engines": {"task": "orchestrator.inventory.reconcile", "schedule": 10.0},
     "prune-telemetry": {"task": "orchestrator.telemetry.prune_samples", "schedule": 3600.0},
     # The overview's path mix and the deployment charts are rates between two scrapes.
     "collect-gateways": {"task": "orchestrator.telemetry.collect_gateways", "schedule": 30.0},

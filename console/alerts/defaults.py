@@ -97,6 +97,21 @@ DEFAULT_RULES: list[dict[str, Any]] = [
     },
     # service
     {
+        "name": "engines-missing",
+        "layer": "service",
+        "level": "critical",
+        # Recorded by the reconcile loop every 10 s: children the deployment needs that its
+        # nodes do not report (an agent restart, a node down); it relaunches what it can.
+        "metric": "deployment_engines_missing",
+        "subject_type": DEPLOYMENT,
+        "aggregate": "max",
+        "comparison": "gt",
+        "threshold": 0.0,
+        "window_s": 60,
+        "summary": "Engines the deployment needs are not running on their nodes (agent "
+        "restarted, node down): traffic falls back or a site serves short.",
+    },
+    {
         "name": "ttft-p99-high",
         "layer": "service",
         "level": "warning",

@@ -33,6 +33,48 @@ def _pool_doc(pool: Any) -> dict[str, Any]:
     }
 
 
+def child_name(deployment_id: int, part: str) -> str:
+    """The name a deployment's child (``prefill``, ``decode``, ``gateway``, ``kvlink``) has on
+    its node's agent; heartbeats report children by it."""
+    return f"dep{deployment_id}-{part}"
+
+
+#: What a deployment runs on the nodes of a pool: (child part, agent kind) by pool role.
+POOL_CHILDREN = {
+    "decode": (("decode", "decode-engine"), ("gateway", "gateway")),
+    "prefill": (("prefill", "prefill-engine"),),
+}
+
+
+def wanted_children(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The children a config document says should run, node by node (desired state): on each
+    decode node its decode engine and gateway, and the kv-link on the first decode node (as
+    the deploy workflow launches it); on each prefill node its prefill engine -- except on
+    nodes drained from their pool (a tidal hour or an operator stopped them on purpose). Each
+    ``{"role", "site", "node", "part", "kind", "child"}``."""
+    deployment_id = int(config["deployment"]["id"])
+    pools = [("decode", config["pools"]["decode"])]
+    pools += [("prefill", pool) for pool in config["pools"]["prefill"]]
+    out: list[dict[str, Any]] = []
+    first_decode = True
+    for role, pool in pools:
+        if not pool:
+            continue
+        for node in pool["nodes"]:
+            parts = list(POOL_CHILDREN[role])
+            if role == "decode" and first_decode:
+                parts.append(("kvlink", "kv-link"))
+                first_decode = False
+            if node.get("drained"):
+                continue
+            out += [
+                {"role": role, "site": pool["site"], "node": node["hostname"], "part": part,
+                 "kind": kind, "child": child_name(deployment_id, part)}
+                for part, kind in parts
+            ]  # fmt: skip
+    return out
+
+
 def resolve_allowed_peers(prefill_docs: list[dict[str, Any]], extra: list[str]) -> list[str]:
     """Who may send KV to the deployment's receivers (the decode engines' KV listeners and the
     kv-link): every prefill pool's node by its hostname -- the name its certificate carries,

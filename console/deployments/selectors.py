@@ -94,3 +94,39 @@ def share_edit_warnings(deployment: Deployment, *, before: int, after: int) -> l
         f"(POST /api/deployments/{deployment.pk}/canary/resume/) to let it set its step's "
         f"share again, or cancel the run (POST /api/runs/{run.pk}/cancel/) to keep yours."
     ]
+
+
+def engine_drift(deployment: Deployment) -> list[dict[str, Any]]:
+    """Where an active deployment's nodes differ from what it needs (desired state:
+    ``config.wanted_children``; observed: each node's last heartbeat): ``{"node", "child",
+    "state"}`` per child not reported ``running`` -- ``absent`` (the reconcile loop launches
+    it again), the state the agent reports (its own restarts handle it), or ``node <status>``
+    when the node is not online (nothing known runs there). Empty for other states."""
+    from console.deployments.choices import DeploymentState
+    from console.deployments.config import build_config, wanted_children
+    from console.inventory.choices import NodeStatus
+
+    if deployment.state != DeploymentState.ACTIVE:
+        return []
+    wanted = wanted_children(build_config(deployment))
+    nodes = {n.hostname: n for n in Node.objects.filter(hostname__in={w["node"] for w in wanted})}
+    out = []
+    for want in wanted:
+        node = nodes.get(want["node"])
+        if node is None or node.status != NodeStatus.ONLINE:
+            state = f"node {node.status if node is not None else 'unknown'}"
+        else:
+            state = reported_children(node).get(want["child"], "absent")
+            if state == "running":
+                continue
+        out.append({"node": want["node"], "child": want["child"], "state": state})
+    return out
+
+
+def reported_children(node: Node) -> dict[str, str]:
+    """A node's children by name -> state, as its last heartbeat reported them."""
+    return {
+        str(c.get("name")): str(c.get("state"))
+        for c in node.reported_children or []
+        if isinstance(c, dict)
+    }

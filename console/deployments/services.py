@@ -429,3 +429,16 @@ def deployments_refresh(
         if snapshot_write(actor=actor, deployment=locked, reason=reason) is not None:
             refreshed.append(pk)
     return refreshed
+
+
+def deployment_engine_relaunched(*, deployment: Deployment, evidence: dict[str, Any]) -> None:
+    """Audit one relaunch of a child the reconcile loop found absent on a node
+    (``orchestrator.reconcile``): ``evidence`` is what the agent answered, or the error."""
+    audit_record(
+        actor=None,
+        actor_label="reconcile",
+        action=AuditAction.ACTION,
+        verb="engine_relaunch",
+        instance=deployment,
+        after=evidence,
+    )

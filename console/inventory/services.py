@@ -223,15 +223,35 @@ def node_heartbeat(
     config_versions: dict[str, int],
     tls: dict[str, Any] | None = None,
     weights: list[dict[str, Any]] | None = None,
+    agent_listen_host: str = "",
+    agent_port: int | None = None,
     now: datetime | None = None,
 ) -> HeartbeatResult:
     """Record one heartbeat: the node is ``online``, its report replaces the previous one and
-    its clock skew (node clock minus console clock, ms) is kept. Called by the heartbeat
-    endpoint. Status changes are audited; routine beats are not (one row per beat per node
-    would drown the log)."""
+    its clock skew (node clock minus console clock, ms) is kept; the agent's control address
+    follows what it reports (``agent_port``, and ``agent_listen_host`` unless a wildcard: an
+    agent restarted on another port is reachable again at once). Called by the heartbeat
+    endpoint. Status and address changes are audited; routine beats are not (one row per
+    beat per node would drown the log)."""
     now = now or timezone.now()
     node = Node.objects.select_for_update().get(pk=node.pk)
     previous = node.status
+    address = reported_agent_address(node.agent_address, agent_listen_host, agent_port)
+    if address != node.agent_address:
+        audit_record(
+            actor=None,
+            actor_label="heartbeat",
+            action=AuditAction.UPDATE,
+            verb="agent_address",
+            instance=node,
+            before={"agent_address": node.agent_address},
+            after={"agent_address": address},
+        )
+        logger.warning(
+            "node_agent_address_changed",
+            extra={"node": node.pk, "from": node.agent_address, "to": address},
+        )
+        node.agent_address = address
     skew_ms = round((clock - now).total_seconds() * 1000.0, 3)
     node.status = NodeStatus.ONLINE
     node.last_heartbeat_at = now
@@ -278,6 +298,25 @@ def node_heartbeat(
             for pk, version in node.pools.values_list("deployment_id", "deployment__version")
         },
     )
+
+
+_WILDCARDS = frozenset(("", "0.0.0.0", "::", "[::]"))  # noqa: S104 - recognised, not bound
+
+
+def reported_agent_address(registered: str, listen_host: str, port: int | None) -> str:
+    """The agent address a heartbeat reports: ``registered`` with the reported ``port``, and
+    with the reported ``listen_host`` when it is a specific address (a wildcard listener is
+    reached at the registered host). Unchanged without a port."""
+    if port is None:
+        return registered
+    host = registered.rsplit(":", 1)[0] if ":" in registered else registered
+    if listen_host not in _WILDCARDS:
+        host = (
+            f"[{listen_host}]"
+            if ":" in listen_host and not listen_host.startswith("[")
+            else listen_host
+        )
+    return f"{host}:{port}"
 
 
 def missed_beats(*, last_heartbeat_at: datetime, now: datetime) -> int:

@@ -9,6 +9,10 @@ NODE_CLOCK_SKEW_MS = "node_clock_skew_ms"
 NODE_CHILDREN_HEALTHY = "node_children_healthy"
 NODE_CHILDREN_TOTAL = "node_children_total"
 
+# deployments.deployment (the reconcile loop, orchestrator.reconcile): children it needs that
+# its nodes do not report (absent, or the node not online)
+DEPLOYMENT_ENGINES_MISSING = "deployment_engines_missing"
+
 # inventory.link (bandwidth probes, the kv-link's own counters)
 LINK_MEASURED_MBIT_S = "link_measured_mbit_s"
 LINK_RTT_MS = "link_rtt_ms"

@@ -19,6 +19,19 @@ def mark_missing_nodes() -> dict[str, list[int]]:
 
 
 @app.task(
+    name="orchestrator.inventory.reconcile", acks_late=True, soft_time_limit=540, time_limit=600
+)
+def reconcile_engines() -> dict[int, dict[str, Any]]:
+    """Every ``RECONCILE_S``: each active deployment's desired children against its nodes'
+    heartbeats; a missing one is launched again (``orchestrator.reconcile``). A launch waits
+    for the engine's readiness, hence the time limit; a tick that overlaps a running one
+    finds the child reported (starting) and leaves it."""
+    from orchestrator.reconcile import reconcile_all
+
+    return reconcile_all()
+
+
+@app.task(
     name="orchestrator.telemetry.prune_samples", acks_late=True, soft_time_limit=300, time_limit=330
 )
 def prune_samples() -> int:

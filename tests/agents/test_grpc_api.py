@@ -375,7 +375,9 @@ def pb_stub(channel: grpc.Channel) -> Any:
     return pb_grpc.AgentControlStub(channel)
 
 
-def test_heartbeats_follow_the_console_contract(api: Any, console: FakeConsole) -> None:
+def test_heartbeats_follow_the_console_contract(
+    agent: AgentProc, api: Any, console: FakeConsole
+) -> None:
     launch(api, "beating")
 
     def latest_with_child() -> dict[str, Any] | None:
@@ -392,10 +394,14 @@ def test_heartbeats_follow_the_console_contract(api: Any, console: FakeConsole) 
         "children",
         "faults",
         "config_versions",
+        "agent_listen_host",
+        "agent_port",
         "tls",
         "weights",
     }
     assert beat["clock"].endswith("Z")
+    # Where the control API listens now (a restarted agent on another port is found there).
+    assert beat["agent_port"] == int(agent.address.rsplit(":", 1)[1])
     assert (beat["tls"]["mtls"], beat["tls"]["subject"], beat["tls"]["allowlist_size"]) == (
         True,
         "dec-1",

@@ -315,6 +315,9 @@ OPS: dict[tuple[str, str], Op] = {
     ("GET", "/api/deployments/{id}/config/"): Op(
         "/api/deployments/{w.deployment.pk}/config/", "viewer", 200
     ),
+    ("GET", "/api/deployments/{id}/engines/"): Op(
+        "/api/deployments/{w.deployment.pk}/engines/", "viewer", 200
+    ),
     ("GET", "/api/deployments/{id}/snapshots/"): Op(
         "/api/deployments/{w.deployment.pk}/snapshots/", "viewer", 200
     ),

@@ -112,6 +112,18 @@ class DeploymentSerializer(serializers.ModelSerializer):
         return resolve_allowed_peers(prefill, list(deployment.extra_allowed_peers or []))
 
 
+class EngineDriftSerializer(serializers.Serializer):
+    """A child an active deployment needs that its node does not report running."""
+
+    node = serializers.CharField(help_text="The node's hostname.")
+    child = serializers.CharField(help_text="The child's name on the node's agent.")
+    state = serializers.CharField(
+        help_text="What the node reports: absent (the reconcile loop launches it again), the "
+        "agent's state for it (starting, backoff, held, failed), or 'node <status>' when the "
+        "node is not online."
+    )
+
+
 class DeploymentEditedSerializer(DeploymentSerializer):
     """The answer to an edit (update, restore): the deployment, plus what the editor should
     know (``warnings``; the view puts them in the context)."""

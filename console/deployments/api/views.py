@@ -21,6 +21,7 @@ from console.deployments import flows, selectors, services
 from console.deployments.api.serializers import (
     DeploymentEditedSerializer,
     DeploymentSerializer,
+    EngineDriftSerializer,
     KillSwitchResponseSerializer,
     KillSwitchSerializer,
     PoolDrainSerializer,
@@ -102,6 +103,7 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
             return self.queryset.filter(deployment_id=self.kwargs.get("pk"))
         if self.action in {
             "config",
+            "engines",
             "kill_switch",
             "restore",
             "retire",
@@ -242,6 +244,15 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
         )
         body = {"kill_switch": deployment.kill_switch, "version": deployment.version}
         return Response(body, headers={"ETag": selectors.etag(deployment.version)})
+
+    @extend_schema(request=None, responses=EngineDriftSerializer(many=True))
+    @action(detail=True, methods=["get"])
+    def engines(self, request: Request, pk: str | None = None) -> Response:
+        """Where the active deployment's nodes differ from what it needs (desired children
+        against their heartbeats): empty when everything runs. An ``absent`` child is launched
+        again by the reconcile loop (docs/orchestrator.md)."""
+        drift = selectors.engine_drift(self.get_object())
+        return Response(EngineDriftSerializer(drift, many=True).data)
 
     @extend_schema(request=None, responses=DeploymentSerializer)
     @action(detail=True, methods=["post"])

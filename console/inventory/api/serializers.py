@@ -184,6 +184,14 @@ class HeartbeatSerializer(serializers.Serializer):
     weights = WeightsReportSerializer(
         many=True, required=False, allow_null=True, default=None, max_length=MAX_REPORT_ITEMS
     )
+    # Where the agent's control API listens now (an agent restarted on another port says so):
+    # its listen host (a wildcard keeps the registered host) and bound port.
+    agent_listen_host = serializers.CharField(
+        max_length=253, required=False, allow_blank=True, default=""
+    )
+    agent_port = serializers.IntegerField(
+        min_value=1, max_value=65535, required=False, allow_null=True, default=None
+    )
 
     def validate_config_versions(self, value: dict[str, int]) -> dict[str, int]:
         bad = sorted(k for k in value if not (k.isascii() and k.isdigit()))
