@@ -124,20 +124,30 @@ def _iso(moment: datetime) -> str:
     return moment.isoformat(timespec="milliseconds")
 
 
+def _gateway_pages(config: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None, str]]:
+    """Each decode gateway of the deployment: (url, its parsed metrics page or None, the
+    scrape's error)."""
+    ssl_ctx = agentops.http_ssl_context()
+    pages: list[tuple[str, dict[str, Any] | None, str]] = []
+    for target in agentops.targets(config, "decode"):
+        url = agentops.gateway_url(target)
+        try:
+            pages.append((url, agentops.run_async(gm.scrape(url, ssl_ctx, SCRAPE_TIMEOUT_S)), ""))
+        except Exception as exc:  # unreachable: judged as not there yet (timeouts bound it)
+            pages.append((url, None, repr(exc)[:300]))
+    return pages
+
+
 def gateways_drained(
     config: dict[str, Any], site: str, hosts: list[str], version: int, role: str = "prefill"
 ) -> tuple[bool, list[dict[str, Any]]]:
     """Whether every decode gateway of the deployment applied ``version`` and has no
     ``role`` leg in flight to ``hosts`` at ``site``; with each gateway's answer (evidence). A
     gateway that does not answer has not applied it. Also the rebalance workflow's drain."""
-    ssl_ctx = agentops.http_ssl_context()
     answers: list[dict[str, Any]] = []
-    for target in agentops.targets(config, "decode"):
-        url = agentops.gateway_url(target)
-        try:
-            page = agentops.run_async(gm.scrape(url, ssl_ctx, SCRAPE_TIMEOUT_S))
-        except Exception as exc:  # unreachable: not applied (the drain timeout bounds it)
-            answers.append({"gateway": url, "error": repr(exc)[:300], "applied": False})
+    for url, page, error in _gateway_pages(config):
+        if page is None:
+            answers.append({"gateway": url, "error": error, "applied": False})
             continue
         inflight = page["instance_in_flight"].get(role, {}).get(site, {})
         legs = sum(int(n) for u, n in inflight.items() if urlsplit(u).hostname in hosts)
@@ -159,14 +169,10 @@ def gateways_serving(
     """Whether every decode gateway of the deployment applied ``version`` and has the prefill
     instances on ``hosts`` at ``site`` in its pool and available (its own health probes found
     them serving); with each gateway's answer (evidence)."""
-    ssl_ctx = agentops.http_ssl_context()
     answers: list[dict[str, Any]] = []
-    for target in agentops.targets(config, "decode"):
-        url = agentops.gateway_url(target)
-        try:
-            page = agentops.run_async(gm.scrape(url, ssl_ctx, SCRAPE_TIMEOUT_S))
-        except Exception as exc:  # unreachable: not serving them (the timeout bounds it)
-            answers.append({"gateway": url, "error": repr(exc)[:300], "serving": False})
+    for url, page, error in _gateway_pages(config):
+        if page is None:
+            answers.append({"gateway": url, "error": error, "serving": False})
             continue
         available = page["instance_available"].get("prefill", {}).get(site, {})
         up = sorted(urlsplit(u).hostname or "" for u, n in available.items() if n >= 1)
