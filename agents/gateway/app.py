@@ -112,7 +112,13 @@ class Gateway(Endpoints, RemotePath):
     def _abandon_legs(self, role: str, site: str, url: str, why: str) -> None:
         """An instance was found unavailable: the legs waiting on it for their first output
         fail now (``instance_down``) and are retried or fall back, instead of waiting out
-        their deadlines at an engine that stopped answering."""
+        their deadlines at an engine that stopped answering -- a decode instance's only when
+        another decode instance is available to take them."""
+        pool = self.router.pool(role, site)
+        if role == "decode" and (pool is None or pool.healthy_count() == 0):
+            # No other decode instance to take them: an overloaded engine whose probes time out
+            # is still the best place for its waiting legs (abandoned, they could only fail).
+            return
         abandoned = self.upstream.abandon(url)
         if abandoned:
             log.warning(

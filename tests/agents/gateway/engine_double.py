@@ -19,7 +19,8 @@ failure), ``prefill_delay_s``, ``local_prefill_delay_s`` (a request without
 ``kv_transfer_params`` waits this long before its first token, as a local prefill would),
 ``token_delay_s``, ``drop_kv`` (prefill answers 200
 but deposits nothing), ``die_after_events`` (close the connection mid-stream),
-``omit_kv_params`` (a pull-mode prefill answers without ``kv_transfer_params``).
+``omit_kv_params`` (a pull-mode prefill answers without ``kv_transfer_params``),
+``health_status`` (what ``/health`` answers).
 ``journal``: a file that gets one JSON line per generation request once it ended (``leg``:
 ``prefill``, ``decode`` or ``local``; its ``transfer_id``; ``outcome``: ``completed`` or
 ``cancelled``; ``status``), so that a test can tell which transfers a process served.
@@ -76,6 +77,7 @@ class EngineDouble:
         self.release = asyncio.Event()
         self.max_prompt_chars = 30_000
         self.waiting = 0
+        self.health_status = 200  # what /health answers (503: its probes fail)
         # What a real engine's metrics say about its work, from the double's own delays (its
         # stand-in for compute): completed prefill legs and decodes, seconds of each.
         self.prefills = 0
@@ -113,7 +115,7 @@ class EngineDouble:
             await self.runner.cleanup()
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({})
+        return web.json_response({}, status=self.health_status)
 
     async def metrics(self, request: web.Request) -> web.Response:
         model = 'model_name="tiny"'

@@ -208,3 +208,22 @@ def test_one_client_address_holds_at_most_its_share_of_the_slots():
     assert after == 200
     assert 'pdbridge_gateway_admission_rejections_total{reason="client_limit"} 1.0' in metrics
     assert per_client == {}
+
+
+def test_a_lone_decode_instance_whose_probes_fail_keeps_its_waiting_requests():
+    """Legs waiting on an instance found unhealthy are abandoned only when another decode
+    instance can take them: an overloaded lone engine (its /health failing) still serves the
+    requests it holds, it does not turn them into 502s."""
+    settings = dataclasses.replace(FAST, health_check_interval_s=0.1, health_check_timeout_s=0.5)
+
+    async def scenario():
+        async with gateway_env(settings) as env:
+            env.decode.local_prefill_delay_s = 2.0
+            waiting = asyncio.create_task(env.post(completion("held", stream=True)))
+            await _until(lambda: env.decode.active == 1)
+            env.decode.health_status = 503
+            await _until(lambda: env.gateway.router.pool("decode", "local").healthy_count() == 0)
+            status, _, _ = await waiting
+            return status
+
+    assert run(scenario()) == 200
