@@ -7,7 +7,8 @@ STAMP := $(VENV)/.pdbridge-installed
 PYTEST_ARGS ?=
 # Every bench/<part>.py is a benchmark: `make bench-<part>` runs one, `make bench` all
 # (BENCH_HELPERS are modules the benchmarks import; tests/test_bench_modules.py keeps the lists true).
-BENCH_HELPERS := bench/__init__.py bench/gateway_procs.py bench/kv_baselines.py bench/kv_peers.py
+BENCH_HELPERS := bench/__init__.py bench/gateway_procs.py bench/kv_baselines.py bench/kv_peers.py \
+	bench/slowclients.py
 BENCHES := $(patsubst bench/%.py,bench-%,$(filter-out $(BENCH_HELPERS),$(wildcard bench/*.py)))
 
 .PHONY: install install-real vllm-env run soak test test-under-load lint format bench $(BENCHES) protos clean-venv

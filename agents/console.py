@@ -9,6 +9,7 @@ the heartbeat loop back off.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import ssl
@@ -23,6 +24,10 @@ from agents.config import ConsoleConfig
 from agents.launch import LaunchError
 
 log = logging.getLogger("pdbridge.agent.console")
+
+
+#: The least time between two heartbeats when one is asked for early (``beat_soon``).
+MIN_BEAT_GAP_S = 1.0
 
 
 def utc_now_iso() -> str:
@@ -42,6 +47,7 @@ class ConsoleClient:
         self.session: aiohttp.ClientSession | None = None
         self.last_response: dict[str, Any] = {}
         self.failures = 0
+        self._wake = asyncio.Event()
         self.sent = 0
 
     @property
@@ -105,21 +111,40 @@ class ConsoleClient:
         return path
 
     async def heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST one heartbeat; returns the console's answer. Raises on any failure."""
-        async with self._session().post(
-            self._url("/api/heartbeats/"), json=body, ssl=self._ssl
-        ) as resp:
-            if resp.status != 200:
-                text = (await resp.text())[:300]
-                raise RuntimeError(f"heartbeat answered {resp.status}: {text}")
-            answer: dict[str, Any] = await resp.json()
-            return answer
+        """POST one heartbeat; returns the console's answer. Raises on any failure. A
+        kept-alive connection the console closed just as it was reused (``Server
+        disconnected``) is retried once on a new connection (a heartbeat is a report: recorded
+        twice, it does no harm) -- without this, that race cost a back-off of twice the
+        interval and the node was marked ``degraded`` while it was fine."""
+        retried = False
+        while True:
+            try:
+                async with self._session().post(
+                    self._url("/api/heartbeats/"), json=body, ssl=self._ssl
+                ) as resp:
+                    if resp.status != 200:
+                        text = (await resp.text())[:300]
+                        raise RuntimeError(f"heartbeat answered {resp.status}: {text}")
+                    answer: dict[str, Any] = await resp.json()
+                    return answer
+            except aiohttp.ServerDisconnectedError:
+                if retried:
+                    raise
+                retried = True
+                log.info("agent.heartbeat_reconnect")
+
+    def beat_soon(self) -> None:
+        """Send the next heartbeat now (a child changed state), not at the end of the
+        interval; a failing console's back-off still holds (see :meth:`heartbeat_loop`)."""
+        if self.failures == 0:
+            self._wake.set()
 
     async def heartbeat_loop(
         self, build: Callable[[], dict[str, Any]], on_failure: Callable[[], None]
     ) -> None:
-        """Beat forever: every ``interval_s`` the console asks for; on failure back off
-        exponentially up to ``console.backoff_max_s``. Cancel the task to stop it."""
+        """Beat forever: every ``interval_s`` the console asks for, and at once after
+        :meth:`beat_soon`; on failure back off exponentially up to ``console.backoff_max_s``.
+        Cancel the task to stop it."""
         interval = self.config.heartbeat_interval_s
         delay = interval
         while True:
@@ -139,4 +164,10 @@ class ConsoleClient:
                     "agent.heartbeat_failed",
                     extra={"failures": self.failures, "retry_in_s": delay, "error": str(exc)},
                 )
-            await asyncio.sleep(delay)
+            # A wake-up (beat_soon) ends the wait early, but beats stay MIN_BEAT_GAP_S apart:
+            # a crash-looping child changes state several times a second.
+            self._wake.clear()
+            floor = min(MIN_BEAT_GAP_S, delay)
+            await asyncio.sleep(floor)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay - floor)

@@ -229,7 +229,12 @@ class AgentService:
 
     # ---- children --------------------------------------------------------------------
     def _events(self) -> ChildEvents:
-        return ChildEvents(on_restart=lambda name: self.metrics.restarts.labels(child=name).inc())
+        return ChildEvents(
+            on_restart=lambda name: self.metrics.restarts.labels(child=name).inc(),
+            # The console learns of a child's new state with the next heartbeat, sent now: its
+            # reconcile loop and the deployment's pages act on it.
+            on_state=lambda name, state: self.console.beat_soon(),
+        )
 
     async def _new_child(self, spec: ChildSpec, previous: Child | None) -> Child:
         snapshot = ""

@@ -197,6 +197,20 @@ if PDBRIDGE_CONTROLLER_INSECURE and PRODUCTION:
 # HEARTBEAT_MISSED_LIMIT beats in a row becomes "lost" (degraded after one missed beat).
 HEARTBEAT_INTERVAL_S = _env_int("PDBRIDGE_HEARTBEAT_INTERVAL_S", 10, minimum=1)
 HEARTBEAT_MISSED_LIMIT = _env_int("PDBRIDGE_HEARTBEAT_MISSED_LIMIT", 3, minimum=1)
+# A console that cannot hear heartbeats does not blame the nodes (console.inventory.liveness):
+# the liveness loop probes the console's own listener (LIVENESS_PROBE_URL + /healthz, the URL
+# the agents beat to, verified with LIVENESS_PROBE_CA) and judges nobody while it fails, nor
+# while the loop itself was not running; a node silent across such an outage has
+# HEARTBEAT_OUTAGE_GRACE_S after it to beat again (at least the agents' console.backoff_max_s
+# + console.timeout_s + one interval: the default 90 covers the agents' 60 + 5 + 10).
+HEARTBEAT_OUTAGE_GRACE_S = _env_int("PDBRIDGE_HEARTBEAT_OUTAGE_GRACE_S", 90, minimum=0)
+LIVENESS_PROBE_URL = os.environ.get("PDBRIDGE_LIVENESS_PROBE_URL", "").rstrip("/")
+if LIVENESS_PROBE_URL and not LIVENESS_PROBE_URL.startswith(("http://", "https://")):
+    raise ImproperlyConfigured(
+        f"PDBRIDGE_LIVENESS_PROBE_URL: an http(s) URL, got {LIVENESS_PROBE_URL!r}"
+    )
+LIVENESS_PROBE_CA = os.environ.get("PDBRIDGE_LIVENESS_PROBE_CA", "")
+LIVENESS_PROBE_TIMEOUT_S = _env_int("PDBRIDGE_LIVENESS_PROBE_TIMEOUT_S", 5, minimum=1)
 
 # Telemetry samples older than this are deleted by the hourly beat job prune_samples.
 TELEMETRY_RETENTION_DAYS = _env_int("PDBRIDGE_TELEMETRY_RETENTION_DAYS", 14, minimum=1)

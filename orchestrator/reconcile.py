@@ -71,7 +71,7 @@ def _request_id(deployment: Deployment, want: dict[str, Any], node: Node) -> str
     repeat the request (and are skipped, :func:`_relaunched`), a later loss sends a new one."""
     since = node.last_heartbeat_at.isoformat() if node.last_heartbeat_at else ""
     digest = hashlib.sha256(f"{want['child']}|{since}".encode()).hexdigest()[:16]
-    return f"reconcile-{deployment.pk}-{want['node']}-{want['child']}-{digest}"
+    return f"reconcile-{deployment.pk}-{want['site']}-{want['node']}-{want['child']}-{digest}"
 
 
 def _relaunched(deployment: Deployment, rid: str) -> bool:
@@ -86,15 +86,21 @@ def reconcile_deployment(deployment: Deployment) -> dict[str, Any]:
     config = build_config(deployment)
     wanted = wanted_children(config)
     targets = {
-        (t.role, t.hostname): t
+        (t.role, t.site, t.hostname): t
         for role in ("decode", "prefill")
         for t in agentops.targets(config, role)
     }
-    nodes = {n.hostname: n for n in Node.objects.filter(hostname__in={w["node"] for w in wanted})}
+    # By site and hostname: the loopback testbed's nodes are all "localhost".
+    nodes = {
+        (n.site.name, n.hostname): n
+        for n in Node.objects.select_related("site").filter(
+            hostname__in={w["node"] for w in wanted}
+        )
+    }
     missing: list[dict[str, Any]] = []
     actions: list[dict[str, Any]] = []
     for want in wanted:
-        node, name = nodes.get(want["node"]), want["child"]
+        node, name = nodes.get((want["site"], want["node"])), want["child"]
         if node is None or node.status != NodeStatus.ONLINE:
             missing.append({"node": want["node"], "child": name, "why": "node not online"})
             continue
@@ -107,7 +113,9 @@ def reconcile_deployment(deployment: Deployment) -> dict[str, Any]:
         if _relaunched(deployment, rid):
             continue
         try:
-            result = _relaunch(deployment, config, targets[(want["role"], want["node"])], want, rid)
+            result = _relaunch(
+                deployment, config, targets[(want["role"], want["site"], want["node"])], want, rid
+            )
             action: dict[str, Any] = {"node": want["node"], "child": name, **result}
         except Exception as exc:  # recorded; the next tick tries again
             detail = getattr(exc, "details", None)

@@ -32,6 +32,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "main",
         "run the OpenAI-compatible gateway for a deployment (routing, fallback, breakers)",
     ),
+    "serve": (
+        "pdbridge.console_server",
+        "main",
+        "serve the console over HTTP(S) (hypercorn; deadlines for slow clients, --help for knobs)",
+    ),
     "console": (
         "pdbridge.console_cli",
         "main",

@@ -64,6 +64,10 @@ class Child:
     name: str
     proc: subprocess.Popen[bytes]
     log: Path
+    argv: list[str] = field(default_factory=list)
+    extra_env: dict[str, str] = field(default_factory=dict)
+    #: Times it was started again after it exited (:meth:`ProcessGroups.restart`).
+    restarts: int = 0
 
     def tail(self, chars: int = 3000) -> str:
         try:
@@ -98,9 +102,23 @@ class ProcessGroups:
                 start_new_session=True,
                 cwd=self.cwd,
             )
-        child = Child(name, proc, log)
+        child = Child(name, proc, log, list(argv), dict(extra_env or {}))
         self.children.append(child)
         return child
+
+    def restart(self, child: Child) -> Child:
+        """Start an exited child again with its argv and environment, in its place in the
+        stop order (what systemd's ``Restart=always`` does for a unit); whatever of its old
+        process group is left is killed first."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.proc.pid, signal.SIGKILL)
+        index = self.children.index(child)
+        self.children.remove(child)
+        again = self.start(child.name, child.argv, child.extra_env)
+        self.children.remove(again)
+        again.restarts = child.restarts + 1
+        self.children.insert(index, again)
+        return again
 
     def wait_until(
         self, child: Child, ready: Callable[[], bool], timeout: float, what: str

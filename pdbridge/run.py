@@ -3,8 +3,8 @@
 By default (``pdbridge.testbed``): two datacenters on this machine with a hybrid model deployed
 end to end through the console's deployment workflow. With ``--console-only``: migrates the
 embedded database, loads the shipped fixtures, creates an ``admin`` account the first time (its
-password is printed once), collects static files, and serves the console with gunicorn until
-Ctrl-C. ``--check`` prepares the console-only mode and exits.
+password is printed once), collects static files, and serves the console with ``pdbridge serve``
+(:mod:`pdbridge.console_server`: slow clients hold no thread) until Ctrl-C. ``--check`` prepares the console-only mode and exits.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import os
 import secrets
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 
@@ -43,7 +42,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--port", type=int, default=int(os.environ.get("PDBRIDGE_CONSOLE_PORT", "8000"))
     )
-    parser.add_argument("--workers", type=int, default=2, help="gunicorn worker processes")
+    parser.add_argument("--workers", type=int, default=2, help="console serving processes")
     parser.add_argument(
         "--check", action="store_true", help="prepare everything, print the URL, do not serve"
     )
@@ -124,21 +123,10 @@ def main(argv: list[str]) -> int:
     if args.check:
         return 0
 
-    command = [
-        sys.executable,
-        "-m",
-        "gunicorn",
-        "console.wsgi:application",
-        "--bind",
-        f"{args.host}:{args.port}",
-        "--workers",
-        str(args.workers),
-        "--access-logfile",
-        "-",
-        "--graceful-timeout",
-        "10",
-    ]
-    server = subprocess.Popen(command)  # noqa: S603 - fixed argv, no shell
+    from pdbridge.console_server import ServerConfig, command
+
+    served = ServerConfig(bind=[f"{args.host}:{args.port}"], workers=args.workers, access_log=True)
+    server = subprocess.Popen(command(served))  # noqa: S603 - fixed argv, no shell
     try:
         return server.wait()
     except KeyboardInterrupt:

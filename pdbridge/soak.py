@@ -40,6 +40,7 @@ ROLES = [  # (pattern in the command line, role); first match wins
     (r"sites/remote/agent", "agent-remote"),
     (r"sites/local/agent", "agent-local"),
     (r"kv proxy", "wan-shaper"),
+    (r"pdbridge\.cli serve", "console"),
     (r"gunicorn", "console"),
     (r"celery .*worker", "worker"),
     (r"celery .*beat", "beat"),

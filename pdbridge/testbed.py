@@ -1,7 +1,7 @@
 """``pdbridge run``: two datacenters on one machine, a hybrid model deployed end to end.
 
-Brings up, as child processes in their own process groups: the console (gunicorn over TLS on
-the embedded SQLite database), a Celery worker and beat (filesystem broker), and two sites on
+Brings up, as child processes in their own process groups: the console (``pdbridge serve``,
+TLS, embedded SQLite database), a Celery worker and beat (filesystem broker), and two sites on
 loopback — ``local`` (decode agent; the agent later launches the decode engine, the kv-link
 receiver and the gateway) and ``remote`` (prefill agent, whose prefill engine sends KV across
 the "WAN"). The WAN is two userspace proxies in a row on the KV path: the remote agent's fault
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from pdbridge import netns, testbed_vllm
+from pdbridge.console_server import command, testbed_config
 from pdbridge.procgroup import ProcessGroups, become_subreaper, free_port, pinned_port, port_is_free
 from pdbridge.testbed_models import demo_model, demo_params, model_unavailable, model_weights_sha256
 from pdbridge.testbed_rows import Layout, Ports, agent_config, register
@@ -48,6 +49,8 @@ from pdbridge.testbed_rows import Layout, Ports, agent_config, register
 REPO = Path(__file__).resolve().parents[1]
 #: The pause before retrying a failed deploy step doubles from this on each retry, up to the cap.
 RETRY_BACKOFF_S = 2.0
+#: A site's agent that exits is started again after this long (deploy/systemd's RestartSec).
+AGENT_RESTART_S = 3.0
 RETRY_BACKOFF_MAX_S = 15.0
 
 
@@ -395,12 +398,16 @@ def bring_up(
     binds = dict.fromkeys([args.host] if wildcard else [args.host, layout.console_host])
     hosts = dict.fromkeys(["localhost", "127.0.0.1", "[::1]", args.host, layout.console_host])
     _say("starting the console, worker and beat")
-    console = groups.start("console", [py, "-m", "gunicorn", "console.wsgi:application",
-        *(a for b in binds for a in ("--bind", f"{b}:{console_port}")), "--workers", "1",
-        "--threads", "8", "--certfile", str(pki["node_cert"]), "--keyfile", str(pki["node_key"]),
-        "--graceful-timeout", "5"], {"ALLOWED_HOSTS": ",".join(hosts)})  # fmt: skip
+    # The production server and its slow-client deadlines (pdbridge.console_server), with TLS.
+    served = testbed_config(
+        [f"{b}:{console_port}" for b in binds], pki["node_cert"], pki["node_key"]
+    )
+    console = groups.start("console", command(served, py), {"ALLOWED_HOSTS": ",".join(hosts)})
+    # The liveness loop probes the console where the agents reach it (a stall is not theirs).
+    probe = {"PDBRIDGE_LIVENESS_PROBE_URL": f"https://{layout.console_host}:{console_port}",
+             "PDBRIDGE_LIVENESS_PROBE_CA": str(pki["ca"])}  # fmt: skip
     groups.start("worker", [py, "-m", "celery", "-A", "orchestrator.celery", "worker", "-P", "threads",
-        "-c", "4", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "INFO"])  # fmt: skip
+        "-c", "4", "--without-heartbeat", "--without-gossip", "--without-mingle", "-l", "INFO"], probe)  # fmt: skip
     groups.start("beat", [py, "-m", "celery", "-A", "orchestrator.celery", "beat", "-l", "INFO",
         "--schedule", str(var_dir / "celerybeat-schedule")])  # fmt: skip
     groups.wait_until(
@@ -543,8 +550,20 @@ def main(args: Any) -> int:
             Path(args.ready_file).write_text(json.dumps(asdict(ready)))
         _serving[0] = True
         deadline = time.monotonic() + args.exit_after if args.exit_after else None
+        exited: dict[str, float] = {}
         while not stop.wait(1.0):
-            dead = [c.name for c in groups.children if not c.alive()]
+            # A site's agent that exits is started again after AGENT_RESTART_S, as its systemd
+            # unit would be (Restart=always); its engines come back through the console's
+            # reconcile loop. Any other child that exits stops the testbed.
+            for child in [c for c in groups.children if c.name.startswith("agent-")]:
+                if child.alive():
+                    continue
+                since = exited.setdefault(child.name, time.monotonic())
+                if time.monotonic() - since >= AGENT_RESTART_S:
+                    del exited[child.name]
+                    _say(f"{child.name} exited ({child.proc.returncode}); starting it again")
+                    groups.restart(child)
+            dead = [c.name for c in groups.children if not c.alive() and c.name not in exited]
             if dead:
                 _say(f"stopping: {', '.join(dead)} exited (logs under {groups.log_dir})")
                 code = 1

@@ -18,6 +18,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import sqlite3
 import ssl
 import subprocess
@@ -161,6 +162,7 @@ def test_make_run_reaches_full_share_serves_remote_and_shuts_down_clean(tmp_path
         seen["restart"] = api.drill(ready, "remote_restart")
         # A cut well above the KV link's unreachable_ms (3 s), as docs/runbook.md asks.
         seen["cut"] = api.drill(ready, "link_cut", fault_s=10)
+        seen["agent_kill"] = agent_killed_under_load(ready, api, tmp_path)
         # A sample below the threshold can only go local: the remote path was not verified.
         seen["local_only"] = api.drill(ready, "link_cut", baseline_s=2, fault_s=3, after_s=1,
                                        targets={"verify_prompts": [16]})  # fmt: skip
@@ -187,18 +189,84 @@ def test_make_run_reaches_full_share_serves_remote_and_shuts_down_clean(tmp_path
     assert all(trace["request_id"] in line for leg in leg_logs.values() for line in leg)
     check_drill_passed(seen["restart"])
     check_drill_passed(seen["cut"])
+    kill = seen["agent_kill"]
+    print(f"\nagent kill -9 under load: {kill}")
+    assert kill["load"]["failed"] == 0, kill
+    # During the gap the API named the missing engine (the node lost, or back without it).
+    assert kill["gap_seen"]["state"] in {"node lost", "node degraded", "absent"}, kill
+    assert kill["back_s"] <= 30, kill
+    assert kill["alert"] == "engines-missing", kill
     local_only = seen["local_only"]
     assert local_only["state"] == "failed"
     # Why, in one line (the report page shows it at the top).
-    assert local_only["reason"].startswith(
+    assert (
         "verification: no verification sample went remote (16 chars local; the gateway's "
         "threshold then: "
-    ), local_only["reason"]
+    ) in local_only["reason"], local_only["reason"]
     rows = {r["criterion"]: r["passed"] for r in local_only["criteria_results"]}
     assert rows["require_verification"] is False
     assert local_only["verification"]["remote_compared"] == 0
     assert {p["path"] for p in local_only["verification"]["prompts"]} == {"local"}
     assert local_only["failed_requests"] == 0  # the drill itself cost no client request
+
+
+def agent_killed_under_load(ready: dict, api: ConsoleApi, tmp_path: Path) -> dict:
+    """kill -9 of the remote site's agent under load, as an operator would meet it: the
+    testbed starts it again after 3 s (as its systemd unit would), the console's reconcile
+    loop relaunches its prefill engine. Returns what the console API showed during the gap,
+    how long after the agent's return the engine served again, and the load's summary."""
+    state = Path(ready["var_dir"]) / "sites" / "remote" / "state" / "agent.json"
+    deployment = ready["deployment_id"]
+    child = f"dep{deployment}-prefill"
+    summary = tmp_path / "kill-load.json"
+    load = subprocess.Popen(
+        [sys.executable, "-m", "pdbridge.cli", "loadgen", "--url", ready["gateway_url"],
+         "--model", ready["served_model"], "--duration-s", "60", "--concurrency", "2",
+         "--mix", "1:200:0.3", "--min-prompt-tokens", "100", "--max-prompt-tokens", "300",
+         "--max-tokens", "4", "--timeout-s", "120", "--ca", ready["ca"],
+         "--output", str(tmp_path / "kill-load.jsonl"), "--summary", str(summary)],
+        stdout=subprocess.DEVNULL, stderr=(tmp_path / "kill-load.log").open("wb"),
+        env=subprocess_env(),
+    )  # fmt: skip
+
+    def missing() -> dict | None:
+        status, rows = api.call("GET", f"/api/deployments/{deployment}/engines/")
+        assert status == 200, rows
+        return next((r for r in rows if r["child"] == child), None)
+
+    time.sleep(5)  # the load runs remote first
+    old = json.loads(state.read_text())
+    os.kill(old["pid"], signal.SIGKILL)
+    deadline = deadline_in(120)
+    gap_seen = None
+    while (info := json.loads(state.read_text()))["pid"] == old["pid"]:
+        gap_seen = gap_seen or missing()
+        assert time.monotonic() < deadline, "the testbed did not start the agent again"
+        time.sleep(0.5)
+    returned = time.monotonic()
+    while (row := missing()) is not None:
+        gap_seen = gap_seen or row
+        assert time.monotonic() < deadline, row
+        time.sleep(0.5)
+    back_s = time.monotonic() - returned
+    alert = None
+    while alert is None:
+        _, page = api.call(
+            "GET", f"/api/alerts/?subject_type=deployments.deployment&subject_id={deployment}"
+        )
+        alert = next(
+            (a["rule_name"] for a in page["results"] if a["rule_name"] == "engines-missing"), None
+        )
+        assert time.monotonic() < deadline + 120, page
+        time.sleep(2)
+    load.wait(180)
+    return {
+        "gap_seen": gap_seen,
+        "back_s": round(back_s, 1),
+        "new_port": info["port"],
+        "alert": alert,
+        "load": json.loads(summary.read_text()),
+    }
 
 
 def namespaces() -> set[str]:

@@ -8,11 +8,14 @@ is not in the database yet.
 
 from __future__ import annotations
 
+import logging
 from functools import lru_cache
 from typing import Any
 
 from celery import Celery
 from django.db import transaction
+
+logger = logging.getLogger(__name__)
 
 
 @lru_cache(maxsize=1)
@@ -25,3 +28,17 @@ def _app() -> Celery:
 def send_task_on_commit(name: str, *, args: list[Any], countdown: float | None = None) -> None:
     """Queue task ``name`` once the current transaction commits (at once outside one)."""
     transaction.on_commit(lambda: _app().send_task(name, args=args, countdown=countdown))
+
+
+def nudge_on_commit(name: str) -> None:
+    """Queue task ``name`` (no arguments) once the transaction commits, best effort: a beat job
+    asked to run early, which runs on its own schedule anyway. A broker that cannot take it
+    is logged, never raised into the request that asked (no publish retries either)."""
+
+    def send() -> None:
+        try:
+            _app().send_task(name, retry=False)
+        except Exception:  # the beat runs it at its next tick regardless
+            logger.warning("task_not_queued", extra={"task": name}, exc_info=True)
+
+    transaction.on_commit(send)

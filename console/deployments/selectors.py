@@ -98,8 +98,8 @@ def share_edit_warnings(deployment: Deployment, *, before: int, after: int) -> l
 
 def engine_drift(deployment: Deployment) -> list[dict[str, Any]]:
     """Where an active deployment's nodes differ from what it needs (desired state:
-    ``config.wanted_children``; observed: each node's last heartbeat): ``{"node", "child",
-    "state"}`` per child not reported ``running`` -- ``absent`` (the reconcile loop launches
+    ``config.wanted_children``; observed: each node's last heartbeat): ``{"site", "node",
+    "child", "state"}`` per child not reported ``running`` -- ``absent`` (the reconcile loop launches
     it again), the state the agent reports (its own restarts handle it), or ``node <status>``
     when the node is not online (nothing known runs there). Empty for other states."""
     from console.deployments.choices import DeploymentState
@@ -109,17 +109,25 @@ def engine_drift(deployment: Deployment) -> list[dict[str, Any]]:
     if deployment.state != DeploymentState.ACTIVE:
         return []
     wanted = wanted_children(build_config(deployment))
-    nodes = {n.hostname: n for n in Node.objects.filter(hostname__in={w["node"] for w in wanted})}
+    # By site and hostname: the loopback testbed's nodes are all "localhost".
+    nodes = {
+        (n.site.name, n.hostname): n
+        for n in Node.objects.select_related("site").filter(
+            hostname__in={w["node"] for w in wanted}
+        )
+    }
     out = []
     for want in wanted:
-        node = nodes.get(want["node"])
+        node = nodes.get((want["site"], want["node"]))
         if node is None or node.status != NodeStatus.ONLINE:
             state = f"node {node.status if node is not None else 'unknown'}"
         else:
             state = reported_children(node).get(want["child"], "absent")
             if state == "running":
                 continue
-        out.append({"node": want["node"], "child": want["child"], "state": state})
+        out.append(
+            {"site": want["site"], "node": want["node"], "child": want["child"], "state": state}
+        )
     return out
 
 

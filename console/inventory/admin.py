@@ -2,7 +2,14 @@ from django.contrib import admin
 
 from console.core.admin_services import ReadOnlyAdmin, ServiceModelAdmin
 from console.inventory import services
-from console.inventory.models import HEARTBEAT_FIELDS, Link, Node, NodeCredential, Site
+from console.inventory.models import (
+    HEARTBEAT_FIELDS,
+    Link,
+    LivenessWatch,
+    Node,
+    NodeCredential,
+    Site,
+)
 
 
 @admin.register(Site)
@@ -58,3 +65,10 @@ class NodeCredentialAdmin(ReadOnlyAdmin):
 
     list_display = ["node", "token_prefix", "created_by", "created_at", "last_used_at"]
     exclude = ["token_hash"]
+
+
+@admin.register(LivenessWatch)
+class LivenessWatchAdmin(ReadOnlyAdmin):
+    """The liveness loop's record: when it last ran and the last outage it held judgement for."""
+
+    list_display = ["checked_at", "blind_since", "blind_until", "blind_reason"]

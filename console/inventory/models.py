@@ -301,3 +301,38 @@ class Link(Timestamped):
             return True
         age = (timezone.now() - self.measured_at).total_seconds()
         return age > 3 * settings.LINK_PROBE_S
+
+
+class LivenessWatch(models.Model):
+    """The liveness loop's own record (a single row, ``pk=1``): when it last judged the nodes,
+    and the last window in which the console could not hear heartbeats (its probe of the
+    console's listener failed, or the loop itself did not run). A node whose last beat is
+    older than that window is not judged until ``HEARTBEAT_OUTAGE_GRACE_S`` after it: an
+    outage of the console is not blamed on the nodes (:mod:`console.inventory.liveness`)."""
+
+    checked_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When the loop last judged the nodes.",
+    )
+    blind_since = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Start of the outage in progress (null: the console hears heartbeats).",
+    )
+    blind_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Last moment the console was known not to hear heartbeats.",
+    )
+    blind_reason = models.CharField(
+        max_length=300,
+        blank=True,
+        help_text="Why the console was taken to be deaf then (the probe's error, or the gap).",
+    )
+
+    class Meta:
+        verbose_name = "liveness watch"
+
+    def __str__(self) -> str:
+        return f"liveness watch (checked {self.checked_at}, blind until {self.blind_until})"

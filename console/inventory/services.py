@@ -22,6 +22,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from console.core.api.exceptions import Conflict
+from console.core.celery_client import nudge_on_commit
 from console.core.choices import AuditAction
 from console.core.crud import Actor, audited_create, audited_delete, audited_update
 from console.core.services import audit_record
@@ -253,6 +254,12 @@ def node_heartbeat(
         )
         node.agent_address = address
     skew_ms = round((clock - now).total_seconds() * 1000.0, 3)
+    gone = {str(c.get("name")) for c in node.reported_children or [] if isinstance(c, dict)}
+    gone -= {str(c.get("name")) for c in children}
+    if gone and node.pools.exists():
+        # Children this node ran are gone (its agent restarted, or one was stopped behind the
+        # control plane's back): the reconcile loop looks now rather than at its next tick.
+        nudge_on_commit(RECONCILE_TASK)
     node.status = NodeStatus.ONLINE
     node.last_heartbeat_at = now
     node.agent_version = agent_version
@@ -300,6 +307,9 @@ def node_heartbeat(
     )
 
 
+#: The reconcile loop's task (orchestrator.reconcile), sent by name.
+RECONCILE_TASK = "orchestrator.inventory.reconcile"
+
 _WILDCARDS = frozenset(("", "0.0.0.0", "::", "[::]"))  # noqa: S104 - recognised, not bound
 
 
@@ -327,14 +337,24 @@ def missed_beats(*, last_heartbeat_at: datetime, now: datetime) -> int:
 
 
 @transaction.atomic
-def node_mark_missing(*, now: datetime | None = None) -> dict[str, list[int]]:
+def node_mark_missing(
+    *, now: datetime | None = None, blind_until: datetime | None = None
+) -> dict[str, list[int]]:
     """Escalate nodes whose heartbeats stopped: ``online -> degraded`` after one missed
     interval, ``-> lost`` after ``HEARTBEAT_MISSED_LIMIT``. Never de-escalates (only a beat
-    does). Called periodically (beat, the management command); ``now`` is injectable for
-    tests. Returns the ids that changed, by new status."""
+    does). ``blind_until``: the end of the last window in which the console could not hear
+    heartbeats (:func:`console.inventory.liveness.liveness_check` passes it); a node whose last
+    beat is older is left alone until ``HEARTBEAT_OUTAGE_GRACE_S`` after it, for its silence
+    may be the console's. Called by the liveness loop and the management command; ``now`` is
+    injectable for tests. Returns the ids that changed, by new status."""
     now = now or timezone.now()
     interval = settings.HEARTBEAT_INTERVAL_S
     limit = settings.HEARTBEAT_MISSED_LIMIT
+    grace_end = (
+        blind_until + timezone.timedelta(seconds=settings.HEARTBEAT_OUTAGE_GRACE_S)
+        if blind_until is not None
+        else None
+    )
     # Only nodes late by at least one interval can change: filter in the database first.
     threshold = now - timezone.timedelta(seconds=interval * (1 + HEARTBEAT_GRACE_INTERVALS))
     candidates = (
@@ -343,8 +363,12 @@ def node_mark_missing(*, now: datetime | None = None) -> dict[str, list[int]]:
         .filter(last_heartbeat_at__lte=threshold)
     )
     changed: dict[str, list[int]] = {NodeStatus.DEGRADED: [], NodeStatus.LOST: []}
+    held: list[int] = []
     for node in candidates:
         if node.last_heartbeat_at is None:  # excluded by the filter; keeps mypy honest
+            continue
+        if blind_until and grace_end and node.last_heartbeat_at < blind_until and now < grace_end:
+            held.append(node.pk)
             continue
         missed = missed_beats(last_heartbeat_at=node.last_heartbeat_at, now=now)
         target = NodeStatus.LOST if missed >= limit else NodeStatus.DEGRADED
@@ -366,5 +390,10 @@ def node_mark_missing(*, now: datetime | None = None) -> dict[str, list[int]]:
         logger.warning(
             "node_status_changed",
             extra={"node": node.pk, "from": previous, "to": target, "missed_beats": missed},
+        )
+    if held:
+        logger.info(
+            "liveness_held",
+            extra={"nodes": held, "blind_until": blind_until, "judged_from": grace_end},
         )
     return {str(k): v for k, v in changed.items()}

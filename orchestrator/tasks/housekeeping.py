@@ -12,10 +12,12 @@ from orchestrator.celery import app
 )
 def mark_missing_nodes() -> dict[str, list[int]]:
     """Every few seconds: nodes whose heartbeats stopped become degraded, then lost (never
-    de-escalated here; only a heartbeat does that)."""
-    from console.inventory.services import node_mark_missing
+    de-escalated here; only a heartbeat does that) -- unless the console itself could not hear
+    them (its listener's probe fails, or this loop had stopped): see
+    :mod:`console.inventory.liveness`."""
+    from console.inventory.liveness import liveness_check
 
-    return node_mark_missing()
+    return liveness_check().changed
 
 
 @app.task(

@@ -13,6 +13,7 @@ from django.contrib.auth import get_user_model
 from console.alerts.services import alerts_evaluate
 from console.core.models import AuditLog
 from console.core.services_tokens import api_token_issue
+from console.inventory.liveness import liveness_check
 from console.inventory.models import Site
 from console.inventory.services import node_token_issue
 
@@ -97,6 +98,7 @@ def every_row(world):
     RebalanceProposal.objects.create(deployment=world.deployment, reason="admin test", moves=[])
     sample_record(subject=world.link, name="link_rtt_ms", value=1000.0, at=NOW)
     alerts_evaluate(now=NOW.replace(minute=1), notify=False)
+    liveness_check(now=NOW)  # the liveness watch row
     channel_create(actor=None, name="hook", kind="webhook", target="https://hooks.example.com/x")
     gateway_key_create(actor=None, deployment=world.deployment, name="team-a")
     gateway_access_update(actor=None, deployment=world.deployment, require_client_keys=True)

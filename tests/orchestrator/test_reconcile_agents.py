@@ -23,7 +23,7 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 from console.alerts.models import Alert
-from console.alerts.services import alerts_evaluate
+from console.alerts.services import alert_rules_sync_defaults, alerts_evaluate
 from console.core.models import AuditLog
 from console.deployments.models import Deployment
 from console.deployments.services import deployment_transition, pool_create
@@ -61,6 +61,7 @@ def _until(check: Any, what: str, timeout_s: float = 60, tick: Any = None) -> An
 def test_an_agent_killed_and_restarted_gets_its_engine_back_and_the_gap_is_shown(
     tmp_path: Path, live_server: Any, admin_user: Any
 ) -> None:
+    alert_rules_sync_defaults()  # a transactional test before this one flushed the shipped rules
     ca = create_ca(tmp_path / "ca")
     certs = {n: create_node_cert(ca, tmp_path / "nodes", n) for n in ("pre-1", "orchestrator")}
     remote = SiteFactory(name="remote", role="prefill")
@@ -139,7 +140,12 @@ def test_an_agent_killed_and_restarted_gets_its_engine_back_and_the_gap_is_shown
             assert Node.objects.get(pk=node.pk).status == "lost"
             reconcile_all()  # records the engine missing (the node is not online)
             [shown] = drift()
-            assert shown == {"node": "pre-1", "child": child, "state": "node lost"}
+            assert shown == {
+                "site": "remote",
+                "node": "pre-1",
+                "child": child,
+                "state": "node lost",
+            }
             alerts_evaluate(notify=False)
             alert = Alert.objects.get(rule_name="engines-missing", state="firing")
             assert alert.subject_id == str(deployment.pk)

@@ -115,6 +115,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
 class EngineDriftSerializer(serializers.Serializer):
     """A child an active deployment needs that its node does not report running."""
 
+    site = serializers.CharField(help_text="The node's site.")
     node = serializers.CharField(help_text="The node's hostname.")
     child = serializers.CharField(help_text="The child's name on the node's agent.")
     state = serializers.CharField(

@@ -246,7 +246,7 @@ class DeploymentViewSet(VersionedWriteMixin, ServiceModelViewSet):
         return Response(body, headers={"ETag": selectors.etag(deployment.version)})
 
     @extend_schema(request=None, responses=EngineDriftSerializer(many=True))
-    @action(detail=True, methods=["get"])
+    @action(detail=True, methods=["get"], pagination_class=None, filter_backends=[])
     def engines(self, request: Request, pk: str | None = None) -> Response:
         """Where the active deployment's nodes differ from what it needs (desired children
         against their heartbeats): empty when everything runs. An ``absent`` child is launched

@@ -186,8 +186,13 @@ class HeartbeatSerializer(serializers.Serializer):
     )
     # Where the agent's control API listens now (an agent restarted on another port says so):
     # its listen host (a wildcard keeps the registered host) and bound port.
-    agent_listen_host = serializers.CharField(
-        max_length=253, required=False, allow_blank=True, default=""
+    agent_listen_host = serializers.RegexField(
+        r"^[A-Za-z0-9._:\[\]-]*$",
+        max_length=253,
+        required=False,
+        allow_blank=True,
+        default="",
+        error_messages={"invalid": "Not a host name or address."},
     )
     agent_port = serializers.IntegerField(
         min_value=1, max_value=65535, required=False, allow_null=True, default=None

@@ -382,3 +382,30 @@ def test_lists_filter_and_paginate(api_as, world):
     assert len(paged["results"]) == 1
     assert paged["previous"]
     assert api.get("/api/nodes/?status=bogus").status_code == 400
+
+
+def test_a_heartbeat_carries_the_agents_address_and_the_node_follows_it(client, world):
+    """An agent restarted on another port says so: the node's address takes the port (and a
+    specific listen host; a wildcard keeps the registered one), audited; a bad host is a 400
+    naming the field, and nothing changes."""
+    node = world.decode_node
+    token = node_token_issue(actor=None, node=node)
+    host = node.agent_address.rsplit(":", 1)[0]
+
+    moved = beat(client, token, {**BEAT, "agent_listen_host": "0.0.0.0", "agent_port": 7171})
+    node.refresh_from_db()
+    after_wildcard = node.agent_address
+    named = beat(client, token, {**BEAT, "agent_listen_host": "10.1.2.3", "agent_port": 7272})
+    node.refresh_from_db()
+    after_named = node.agent_address
+    bad = beat(client, token, {**BEAT, "agent_listen_host": "bad host!", "agent_port": 7373})
+    node.refresh_from_db()
+
+    assert (moved.status_code, named.status_code) == (200, 200)
+    assert after_wildcard == f"{host}:7171"
+    assert after_named == "10.1.2.3:7272"
+    assert bad.status_code == 400
+    assert list(bad.json()) == ["agent_listen_host"]
+    assert node.agent_address == "10.1.2.3:7272"
+    changes = AuditLog.objects.filter(verb="agent_address").order_by("id")
+    assert [c.after["agent_address"] for c in changes] == [f"{host}:7171", "10.1.2.3:7272"]

@@ -1,5 +1,6 @@
 """``pdbridge console node_mark_missing``: escalate nodes whose heartbeats stopped (for cron
-or a one-off check; the orchestrator's beat calls the same service)."""
+or a one-off check; the orchestrator's beat runs the same turn of the liveness loop, which
+judges nobody while the console cannot hear heartbeats: console.inventory.liveness)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.utils.dateparse import parse_datetime
 
-from console.inventory.services import node_mark_missing
+from console.inventory.liveness import liveness_check
 
 
 class Command(BaseCommand):
@@ -26,7 +27,10 @@ class Command(BaseCommand):
             if now is None or now.tzinfo is None:
                 self.stderr.write("--now: expected an ISO 8601 datetime with an offset")
                 raise SystemExit(2)
-        changed = node_mark_missing(now=now)
+        report = liveness_check(now=now)
+        if report.blind:
+            self.stdout.write(f"console blind, nobody judged: {report.reason}\n")
+        changed = report.changed
         self.stdout.write(
             f"degraded: {len(changed['degraded'])} lost: {len(changed['lost'])}"
             + "".join(f"\n{status} {pk}" for status, ids in changed.items() for pk in ids)
