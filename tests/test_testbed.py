@@ -221,7 +221,7 @@ def agent_killed_under_load(ready: dict, api: ConsoleApi, tmp_path: Path) -> dic
     summary = tmp_path / "kill-load.json"
     load = subprocess.Popen(
         [sys.executable, "-m", "pdbridge.cli", "loadgen", "--url", ready["gateway_url"],
-         "--model", ready["served_model"], "--duration-s", "60", "--concurrency", "2",
+         "--model", ready["served_model"], "--duration-s", "40", "--concurrency", "2",
          "--mix", "1:200:0.3", "--min-prompt-tokens", "100", "--max-prompt-tokens", "300",
          "--max-tokens", "4", "--timeout-s", "120", "--ca", ready["ca"],
          "--output", str(tmp_path / "kill-load.jsonl"), "--summary", str(summary)],
